@@ -1,0 +1,64 @@
+// The fused strided copy-convert: reads any HostView once, converts each element on the way and
+// writes any MutableHostView, in a single pass with no intermediate buffer.
+//
+// A CopyConvertPlan is made once per transfer and then run in pieces: `CopyElements(begin, end)`
+// copies the elements with row-major (logical) indices in [begin, end), so callers can split a
+// transfer into chunks, pipeline them and run disjoint chunks on different threads at once.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/container/inlined_vector.h"
+#include "ferry/core/convert.h"
+#include "ferry/core/host_view.h"
+#include "ferry/core/status.h"
+
+namespace ferry {
+
+class CopyConvertPlan {
+ public:
+  // An empty plan (no elements); assign a created one to use it.
+  CopyConvertPlan() = default;
+
+  // Validates that `src` and `dst` have the same dims and that src.dtype converts to dst.dtype
+  // (CheckConvertible). Both views must already be valid against their memory; the plan keeps
+  // only their pointers, so that memory must outlive every Copy call.
+  // Dims that are contiguous together in both views are collapsed and size-1 dims dropped
+  // before the loop is chosen.
+  static StatusOr<CopyConvertPlan> Create(const HostView& src, const MutableHostView& dst);
+
+  int64_t num_elements() const { return num_elements_; }
+  // Elements in one innermost row of the collapsed loop (a chunk boundary that is a multiple of
+  // this keeps whole rows together).
+  int64_t row_elements() const { return row_elements_; }
+  // True when both sides are dense and the copy is one contiguous run.
+  bool is_contiguous() const { return is_contiguous_; }
+  bool is_conversion() const { return src_dtype_ != dst_dtype_; }
+  DType src_dtype() const { return src_dtype_; }
+  DType dst_dtype() const { return dst_dtype_; }
+
+  // Copies the elements whose row-major indices lie in [begin, end). Thread-safe for
+  // disjoint ranges. Requires 0 <= begin <= end <= num_elements().
+  void CopyElements(int64_t begin, int64_t end) const;
+  void CopyAll() const { CopyElements(0, num_elements_); }
+
+ private:
+
+  const std::byte* src_ = nullptr;
+  std::byte* dst_ = nullptr;
+  DType src_dtype_ = DType::kF32;
+  DType dst_dtype_ = DType::kF32;
+  ConvertKernel kernel_ = nullptr;
+  int64_t num_elements_ = 0;
+  int64_t row_elements_ = 1;
+  bool is_contiguous_ = false;
+  // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
+  absl::InlinedVector<int64_t, 6> dims_;
+  absl::InlinedVector<int64_t, 6> src_strides_;
+  absl::InlinedVector<int64_t, 6> dst_strides_;
+};
+
+// Plans and runs the whole copy on the calling thread.
+Status CopyConvert(const HostView& src, const MutableHostView& dst);
+
+}  // namespace ferry

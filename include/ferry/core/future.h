@@ -1,0 +1,136 @@
+// Future<T> / Promise<T>: a one-shot value (or error Status) produced on one thread and consumed
+// on others, in the manner of PJRT's futures.
+//
+// - A Promise is set exactly once (a second Set is a programming error and is ignored in release
+//   builds, asserted in debug builds).
+// - `Future::OnReady(cb)` runs `cb` exactly once: inline on the calling thread if the future is
+//   already ready, otherwise on the thread that sets the promise, after the value is stored.
+//   Callbacks must not block for long: they run on runtime threads.
+// - `Await()` blocks the calling thread until ready. Never call it while holding a lock that the
+//   producer needs (or the Python GIL: the Python layer releases it first).
+// Futures are cheap shared handles; all members are thread-safe.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/types/span.h"
+#include "ferry/core/status.h"
+
+namespace ferry {
+
+namespace internal {
+
+template <typename T>
+using FutureValue = std::conditional_t<std::is_void_v<T>, Status, StatusOr<T>>;
+
+template <typename T>
+class FutureState {
+ public:
+  using Value = FutureValue<T>;
+  using Callback = absl::AnyInvocable<void(const Value&) &&>;
+
+  void Set(Value value) {
+    std::vector<Callback> callbacks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (value_.has_value()) return;  // set once; later sets are ignored
+      value_.emplace(std::move(value));
+      callbacks.swap(callbacks_);
+    }
+    ready_.notify_all();
+    // The value is immutable from here on: callbacks read it without the lock.
+    for (Callback& callback : callbacks) std::move(callback)(*value_);
+  }
+
+  bool IsReady() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return value_.has_value();
+  }
+
+  const Value& Await() const {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [this] { return value_.has_value(); });
+    return *value_;
+  }
+
+  void OnReady(Callback callback) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!value_.has_value()) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+    }
+    std::move(callback)(*value_);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::condition_variable ready_;
+  std::optional<Value> value_;
+  std::vector<Callback> callbacks_;
+};
+
+}  // namespace internal
+
+template <typename T = void>
+class Future;
+
+template <typename T = void>
+class Promise {
+ public:
+  using Value = internal::FutureValue<T>;
+
+  Promise() : state_(std::make_shared<internal::FutureState<T>>()) {}
+
+  // Completes the future; runs its waiting callbacks on this thread.
+  void Set(Value value) const { state_->Set(std::move(value)); }
+  Future<T> future() const { return Future<T>(state_); }
+
+ private:
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+template <typename T>
+class Future {
+ public:
+  using Value = internal::FutureValue<T>;
+
+  // An invalid future; only assignment and `valid()` may be used on it.
+  Future() = default;
+
+  // A future that is already ready with `value`.
+  static Future Ready(Value value) {
+    Promise<T> promise;
+    promise.Set(std::move(value));
+    return promise.future();
+  }
+
+  bool valid() const { return state_ != nullptr; }
+  bool IsReady() const { return state_->IsReady(); }
+  // Blocks until ready. The reference stays valid while any copy of this future lives.
+  const Value& Await() const { return state_->Await(); }
+  // `callback(value)` runs exactly once; see the file comment for the thread.
+  void OnReady(absl::AnyInvocable<void(const Value&) &&> callback) const {
+    state_->OnReady(std::move(callback));
+  }
+
+ private:
+  friend class Promise<T>;
+  explicit Future(std::shared_ptr<internal::FutureState<T>> state) : state_(std::move(state)) {}
+
+  std::shared_ptr<internal::FutureState<T>> state_;
+};
+
+// A future that completes when every one of `futures` has completed: OK if all are OK,
+// otherwise the first error in argument order.
+Future<> JoinFutures(absl::Span<const Future<>> futures);
+
+}  // namespace ferry

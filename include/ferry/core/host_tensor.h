@@ -1,0 +1,42 @@
+// HostTensor: a dense row-major tensor that owns its host memory (64-byte aligned).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "ferry/core/dtype.h"
+#include "ferry/core/host_view.h"
+#include "ferry/core/status.h"
+
+namespace ferry {
+
+inline constexpr size_t kHostAlignment = 64;
+
+// Owns its bytes; movable, not copyable. Not thread-safe for concurrent writes (plain memory).
+class HostTensor {
+ public:
+  HostTensor() = default;
+  // Allocates (uninitialised) memory for `dims` of `dtype`. InvalidArgument on negative dims or
+  // overflow; ResourceExhausted when the allocation fails.
+  static StatusOr<HostTensor> Allocate(DType dtype, absl::Span<const int64_t> dims);
+
+  DType dtype() const { return dtype_; }
+  const Dims& dims() const { return dims_; }
+  int64_t size_bytes() const { return size_bytes_; }
+  std::byte* data() { return data_.get(); }
+  const std::byte* data() const { return data_.get(); }
+
+  HostView view() const { return HostView::Dense(data_.get(), dtype_, dims_); }
+  MutableHostView mutable_view() { return MutableHostView::Dense(data_.get(), dtype_, dims_); }
+
+ private:
+  struct AlignedFree {
+    void operator()(std::byte* p) const;
+  };
+  DType dtype_ = DType::kF32;
+  Dims dims_;
+  int64_t size_bytes_ = 0;
+  std::unique_ptr<std::byte[], AlignedFree> data_;
+};
+
+}  // namespace ferry

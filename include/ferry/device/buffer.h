@@ -1,0 +1,48 @@
+// The device API, part 2: `Buffer`, one tensor held by a device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ferry/core/dtype.h"
+#include "ferry/core/future.h"
+#include "ferry/core/host_view.h"
+#include "ferry/core/status.h"
+
+namespace ferry {
+
+class Device;
+
+// A tensor on a device, dense row-major in `device_dtype`. Created by
+// `Client::BufferFromHostBuffer`; the caller owns it (unique_ptr). Destroying a buffer frees its
+// device memory once no transfer still uses it; a buffer may outlive its client (every later
+// operation on it then fails with FailedPrecondition), but its device pointer does not.
+// All methods are thread-safe.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+
+  virtual Device* device() const = 0;
+  virtual DType device_dtype() const = 0;
+  virtual const Dims& dims() const = 0;
+  // Bytes the buffer occupies on the device.
+  virtual int64_t size_bytes() const = 0;
+  // True when the buffer aliases its host source (kImmutableZeroCopy on the host backend).
+  virtual bool is_alias() const { return false; }
+
+  // Completes once the data is on the device and the host source has been released (the
+  // `on_done` callback has returned), with an error status if the transfer failed or was
+  // cancelled (Cancelled when the client shut down first).
+  virtual Future<> Ready() const = 0;
+
+  // Starts copying the buffer into `dst` (same dims; `dst.dtype` may differ from the device
+  // dtype and is converted by the rules of convert.h). The caller keeps `dst`'s memory alive
+  // and untouched until the returned future completes. Waits for Ready() first by itself.
+  virtual Future<> ToHost(const MutableHostView& dst) = 0;
+
+  // On backends whose memory the host can read (the host backend): a read-only view of the
+  // device data, valid while the buffer lives and after Ready(). Others: Unimplemented.
+  virtual StatusOr<HostView> HostAccessibleView() const;
+};
+
+}  // namespace ferry

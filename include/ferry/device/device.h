@@ -1,0 +1,73 @@
+// The device API, part 1: host buffer semantics, device capabilities and `Device`.
+//
+// The device API is what every backend (host, opencl, ...) implements; it mirrors PJRT's
+// `pjrt_client.h`. Ownership: a `Client` owns its `Device`s; everybody else holds non-owning
+// `Device*` that stay valid for the life of the client.
+#pragma once
+
+#include <bitset>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "ferry/core/dtype.h"
+
+namespace ferry {
+
+class Client;
+
+// How long `BufferFromHostBuffer` may read (or keep) the caller's source memory.
+enum class HostBufferSemantics {
+  // ferry has finished reading the source when the call returns; `on_done` has run before it
+  // returns, on the calling thread. The safe default.
+  kImmutableOnlyDuringCall,
+  // The call returns at once. The caller keeps the source unchanged and alive until `on_done`,
+  // which runs exactly once, on a runtime thread, after the last byte was read.
+  kImmutableUntilTransferCompletes,
+  // The buffer may alias the source for its whole life (host device, same dtype, dense,
+  // 64-byte aligned); then `on_done` runs when the buffer is destroyed. Where aliasing is
+  // impossible this behaves as kImmutableUntilTransferCompletes and counts ZeroCopyFallbacks.
+  kImmutableZeroCopy,
+};
+
+std::string_view HostBufferSemanticsName(HostBufferSemantics semantics);
+
+// Runs exactly once when ferry no longer needs the source memory (see HostBufferSemantics).
+using OnDoneWithHostBuffer = absl::AnyInvocable<void() &&>;
+
+// What a device can hold.
+struct DeviceCapabilities {
+  std::bitset<kNumDTypes> dtypes;  // the dtypes a buffer may have on the device
+  // Bytes of device memory buffers may occupy together; nullopt means unlimited.
+  std::optional<int64_t> memory_limit_bytes;
+  // The largest single buffer; nullopt means no limit beyond memory_limit_bytes.
+  std::optional<int64_t> max_buffer_bytes;
+
+  bool Holds(DType dtype) const { return dtypes.test(static_cast<size_t>(dtype)); }
+  // Every dtype.
+  static DeviceCapabilities All();
+  // Every dtype except f64 and c128 (like a TPU).
+  static DeviceCapabilities No64BitFloats();
+  // The dtypes held, in enum order.
+  std::vector<DType> HeldDTypes() const;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // The client that owns this device.
+  virtual Client* client() const = 0;
+  // Index among the client's devices (0-based).
+  virtual int index() const = 0;
+  // "<backend>:<index>", e.g. "host:0".
+  virtual const std::string& name() const = 0;
+  virtual const DeviceCapabilities& capabilities() const = 0;
+  // Bytes currently held by this device's buffers (aliases excluded).
+  virtual int64_t bytes_in_use() const = 0;
+};
+
+}  // namespace ferry

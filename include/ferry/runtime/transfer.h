@@ -1,0 +1,76 @@
+// The transfer runtime: what users call to move tensors to and from devices.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "ferry/core/future.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/core/status.h"
+#include "ferry/device/buffer.h"
+#include "ferry/device/device.h"
+#include "ferry/runtime/tensor_source.h"
+
+namespace ferry {
+
+// A handle to one tensor on a device. Shared (`DataPtr`); destroying the last reference frees
+// the device memory (once no transfer still uses it). Thread-safe.
+class Data {
+ public:
+  Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name);
+  ~Data();
+  Data(const Data&) = delete;
+  Data& operator=(const Data&) = delete;
+
+  // The source's dtype: what reads return by default.
+  DType logical_dtype() const { return logical_dtype_; }
+  DType device_dtype() const { return buffer_->device_dtype(); }
+  const Dims& dims() const { return buffer_->dims(); }
+  Device* device() const { return buffer_->device(); }
+  const std::string& name() const { return name_; }
+  Buffer& buffer() const { return *buffer_; }
+  // Completes when the data is on the device and the source has been released.
+  Future<> Ready() const { return buffer_->Ready(); }
+
+ private:
+  std::unique_ptr<Buffer> buffer_;
+  DType logical_dtype_;
+  std::string name_;
+};
+
+using DataPtr = std::shared_ptr<Data>;
+
+struct TransferToDeviceOptions {
+  HostBufferSemantics semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
+  // Empty, or one entry per source: an explicit device dtype for that source (nullopt: the
+  // device's profile decides; see dtype_policy.h).
+  std::vector<std::optional<DType>> device_dtypes;
+};
+
+// Starts moving every source to `device` and returns one handle per source, in order, at once.
+// Each transfer holds its source (the shared_ptr) until it has read it, then drops it on a
+// runtime thread (for kImmutableOnlyDuringCall: before this returns).
+// All or nothing: if any source fails to start (bad view, dtype, out of device memory), the
+// handles already made by this call are released and the error names that source; data that
+// was on the device before the call is untouched.
+StatusOr<std::vector<DataPtr>> TransferToDevice(
+    absl::Span<const std::shared_ptr<const TensorSource>> sources, Device* device,
+    const TransferToDeviceOptions& options = {});
+
+struct TransferFromDeviceOptions {
+  // Return each tensor in its device dtype instead of its logical (source) dtype.
+  bool in_device_dtype = false;
+};
+
+// Starts every read before waiting on any, then waits for all. Returns dense host tensors in each
+// handle's logical dtype (or device dtype). The first error, naming its tensor, if any fails.
+StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> data,
+                                                     const TransferFromDeviceOptions& options = {});
+
+// Waits until every handle is ready; the first error if any failed.
+Status AwaitReady(absl::Span<const DataPtr> data);
+
+}  // namespace ferry

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The whole test suite, as the README and CI run it: installs what it needs, builds, then runs the
+# C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+"$root/scripts/install_deps.sh"
+
+run_ctest() {
+  local flavour=$1
+  shift
+  echo "=== ctest ($flavour) ==="
+  ctest --test-dir "build/$flavour" --output-on-failure -j "${FERRY_JOBS:-2}" "$@"
+}
+
+echo "=== build (plain) ==="
+scripts/build.sh plain
+run_ctest plain
+echo "=== README example ==="
+build/plain/ferry_quickstart
+
+echo "=== build (asan) ==="
+scripts/build.sh asan
+# The exhaustive 2^32 conversion sweep is too slow under sanitizers; the plain run covers it.
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_ctest asan -LE exhaustive
+
+echo "=== build (tsan) ==="
+scripts/build.sh tsan
+TSAN_OPTIONS=halt_on_error=1 run_ctest tsan -LE exhaustive
+
+echo "=== all test suites passed ==="

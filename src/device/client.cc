@@ -1,0 +1,72 @@
+#include "ferry/device/client.h"
+
+#include <algorithm>
+
+#include "ferry/core/convert.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace ferry {
+
+std::string_view HostBufferSemanticsName(HostBufferSemantics semantics) {
+  switch (semantics) {
+    case HostBufferSemantics::kImmutableOnlyDuringCall:
+      return "ImmutableOnlyDuringCall";
+    case HostBufferSemantics::kImmutableUntilTransferCompletes:
+      return "ImmutableUntilTransferCompletes";
+    case HostBufferSemantics::kImmutableZeroCopy:
+      return "ImmutableZeroCopy";
+  }
+  return "unknown";
+}
+
+DeviceCapabilities DeviceCapabilities::All() {
+  DeviceCapabilities capabilities;
+  capabilities.dtypes.set();
+  return capabilities;
+}
+
+DeviceCapabilities DeviceCapabilities::No64BitFloats() {
+  DeviceCapabilities capabilities = All();
+  capabilities.dtypes.reset(static_cast<size_t>(DType::kF64));
+  capabilities.dtypes.reset(static_cast<size_t>(DType::kC128));
+  return capabilities;
+}
+
+std::vector<DType> DeviceCapabilities::HeldDTypes() const {
+  std::vector<DType> held;
+  for (DType dtype : AllDTypes()) {
+    if (Holds(dtype)) held.push_back(dtype);
+  }
+  return held;
+}
+
+StatusOr<HostView> Buffer::HostAccessibleView() const {
+  return UnimplementedError(
+      fmt::format("HostAccessibleView is not supported on {}", device()->client()->backend()));
+}
+
+Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, DType device_dtype,
+                                     const Device* device, std::string_view tensor_name) {
+  if (device == nullptr) {
+    return InvalidArgumentError(fmt::format("tensor '{}': no device given", tensor_name));
+  }
+  const auto devices = client.devices();
+  if (device->client() != &client ||
+      std::find(devices.begin(), devices.end(), device) == devices.end()) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': device {} does not belong to this {} client", tensor_name,
+                    device->name(), client.backend()));
+  }
+  if (!device->capabilities().Holds(device_dtype)) {
+    return InvalidArgumentError(fmt::format("tensor '{}': device {} cannot hold {}", tensor_name,
+                                            device->name(), DTypeName(device_dtype)));
+  }
+  if (Status convertible = CheckConvertible(src.dtype, device_dtype); !convertible.ok()) {
+    return Status(convertible.code(),
+                  fmt::format("tensor '{}': {}", tensor_name, std::string(convertible.message())));
+  }
+  return src.ComputeAddressedBytes(tensor_name).status();
+}
+
+}  // namespace ferry

@@ -1,0 +1,131 @@
+#include "src/device/host/host_buffer.h"
+
+#include <cstdlib>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "src/device/host/host_client.h"
+
+namespace ferry::host {
+
+Status MemoryAccount::Reserve(int64_t bytes, std::string_view tensor_name,
+                              std::string_view device_name) {
+  int64_t current = in_use_.load(std::memory_order_relaxed);
+  while (true) {
+    if (limit_bytes_.has_value() && (bytes > *limit_bytes_ || current > *limit_bytes_ - bytes)) {
+      return ResourceExhaustedError(fmt::format(
+          "tensor '{}': device {} is out of memory: {} bytes requested, {} of {} bytes in use",
+          tensor_name, device_name, bytes, current, *limit_bytes_));
+    }
+    if (in_use_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed)) {
+      return OkStatus();
+    }
+  }
+}
+
+StatusOr<std::shared_ptr<DeviceAllocation>> DeviceAllocation::Create(
+    std::shared_ptr<MemoryAccount> account, int64_t size_bytes, std::string_view tensor_name,
+    std::string_view device_name) {
+  FERRY_RETURN_IF_ERROR(account->Reserve(size_bytes, tensor_name, device_name));
+  const size_t rounded =
+      (static_cast<size_t>(size_bytes) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+  void* data = std::aligned_alloc(kHostAlignment, rounded == 0 ? kHostAlignment : rounded);
+  if (data == nullptr) {
+    account->Release(size_bytes);
+    return ResourceExhaustedError(fmt::format("tensor '{}': device {} could not allocate {} bytes",
+                                              tensor_name, device_name, size_bytes));
+  }
+  return std::shared_ptr<DeviceAllocation>(
+      new DeviceAllocation(std::move(account), static_cast<std::byte*>(data), size_bytes));
+}
+
+DeviceAllocation::~DeviceAllocation() {
+  std::free(data_);
+  account_->Release(size_bytes_);
+}
+
+HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
+                       std::shared_ptr<DeviceAllocation> allocation, Future<> ready,
+                       std::weak_ptr<TransferEngine> engine)
+    : device_(device),
+      device_dtype_(device_dtype),
+      dims_(std::move(dims)),
+      allocation_(std::move(allocation)),
+      ready_(std::move(ready)),
+      engine_(std::move(engine)) {}
+
+HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims, const void* aliased,
+                       OnDoneWithHostBuffer on_done)
+    : device_(device),
+      device_dtype_(device_dtype),
+      dims_(std::move(dims)),
+      aliased_(aliased),
+      on_alias_done_(std::move(on_done)),
+      ready_(Future<>::Ready(OkStatus())) {}
+
+HostBuffer::~HostBuffer() {
+  // An alias read the caller's memory until now: this is when ferry is done with it.
+  if (on_alias_done_) std::move(on_alias_done_)();
+}
+
+Device* HostBuffer::device() const { return device_; }
+
+int64_t HostBuffer::size_bytes() const {
+  int64_t count = 1;
+  for (int64_t dim : dims_) count *= dim;
+  return count * DTypeSize(device_dtype_);
+}
+
+const std::byte* HostBuffer::data() const {
+  return aliased_ != nullptr ? static_cast<const std::byte*>(aliased_) : allocation_->data();
+}
+
+StatusOr<HostView> HostBuffer::HostAccessibleView() const {
+  return HostView::Dense(data(), device_dtype_, dims_);
+}
+
+Future<> HostBuffer::ToHost(const MutableHostView& dst) {
+  if (dst.dims != dims_) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("ToHost: destination dims [{}] differ from the buffer's [{}]",
+                    fmt::join(dst.dims, ","), fmt::join(dims_, ","))));
+  }
+  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  auto plan = CopyConvertPlan::Create(HostView::Dense(data(), device_dtype_, dims_), dst);
+  if (!plan.ok()) return Future<>::Ready(plan.status());
+
+  Promise<> promise;
+  const bool small =
+      plan->num_elements() * DTypeSize(device_dtype_) <= HostClient::kInlineCopyBytes;
+  ready_.OnReady([promise, plan = *std::move(plan), engine = engine_, allocation = allocation_,
+                  is_alias = is_alias(), small](const Status& ready) mutable {
+    if (!ready.ok()) {
+      promise.Set(ready);
+      return;
+    }
+    // An alias reads caller memory that the caller keeps alive; no engine needed.
+    std::shared_ptr<TransferEngine> running = engine.lock();
+    if (!running && !is_alias) {
+      promise.Set(FailedPreconditionError("ToHost: the buffer's host client has been destroyed"));
+      return;
+    }
+    if (small || !running) {
+      plan.CopyAll();
+      promise.Set(OkStatus());
+      return;
+    }
+    Status submitted = running->Submit(
+        std::move(plan), [promise, allocation = std::move(allocation)](Status status) mutable {
+          allocation.reset();  // the device memory may be freed now (if the buffer is gone)
+          promise.Set(std::move(status));
+        });
+    if (!submitted.ok()) promise.Set(std::move(submitted));
+  });
+  return promise.future();
+}
+
+}  // namespace ferry::host

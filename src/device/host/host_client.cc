@@ -1,0 +1,136 @@
+#include "src/device/host/host_client.h"
+
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/core/metrics.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace ferry::host {
+
+HostDevice::HostDevice(HostClient* client, int index, DeviceCapabilities capabilities)
+    : client_(client),
+      index_(index),
+      name_(fmt::format("host:{}", index)),
+      capabilities_(std::move(capabilities)),
+      memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)) {}
+
+Client* HostDevice::client() const { return client_; }
+
+StatusOr<std::unique_ptr<Client>> HostClient::Create(const ClientOptions& options) {
+  int num_devices = 1;
+  if (options.num_devices.has_value()) {
+    num_devices = *options.num_devices;
+  } else if (const char* env = std::getenv("FERRY_HOST_DEVICES"); env != nullptr) {
+    if (!absl::SimpleAtoi(env, &num_devices)) {
+      return InvalidArgumentError(
+          fmt::format("FERRY_HOST_DEVICES must be a positive integer, got '{}'", env));
+    }
+  }
+  if (num_devices < 1 || num_devices > 1024) {
+    return InvalidArgumentError(
+        fmt::format("the host backend needs 1 to 1024 devices, got {}", num_devices));
+  }
+  const int num_workers = options.num_worker_threads.value_or(
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  if (num_workers < 1) {
+    return InvalidArgumentError("the host backend needs at least one worker thread");
+  }
+  return std::unique_ptr<Client>(new HostClient(
+      num_devices, options.capabilities.value_or(DeviceCapabilities::All()), num_workers));
+}
+
+HostClient::HostClient(int num_devices, const DeviceCapabilities& capabilities, int num_workers)
+    : engine_(std::make_shared<TransferEngine>(num_workers)) {
+  for (int i = 0; i < num_devices; ++i) {
+    devices_.push_back(std::make_unique<HostDevice>(this, i, capabilities));
+    device_pointers_.push_back(devices_.back().get());
+  }
+}
+
+HostClient::~HostClient() {
+  // Cancels queued chunks and waits for running ones; every pending on_done and Ready() completes
+  // here. Buffers that outlive the client hold only a weak reference to the engine.
+  engine_->Shutdown();
+}
+
+StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
+    const HostView& src, DType device_dtype, Device* device, HostBufferSemantics semantics,
+    OnDoneWithHostBuffer on_done, std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(
+      CheckBufferFromHostBufferArgs(*this, src, device_dtype, device, tensor_name));
+  auto* host_device = static_cast<HostDevice*>(device);
+  const int64_t num_elements = src.num_elements();
+
+  if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
+    const bool aliasable = src.dtype == device_dtype && src.IsRowMajorDense() &&
+                           reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
+    if (aliasable) {
+      metrics::ZeroCopyAliases()->Add();
+      return std::unique_ptr<Buffer>(
+          new HostBuffer(host_device, device_dtype, src.dims, src.data, std::move(on_done)));
+    }
+    metrics::ZeroCopyFallbacks()->Add();
+    semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  }
+
+  int64_t device_bytes;
+  if (__builtin_mul_overflow(num_elements, DTypeSize(device_dtype), &device_bytes)) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
+  }
+  if (const auto& max = host_device->capabilities().max_buffer_bytes;
+      max.has_value() && device_bytes > *max) {
+    return ResourceExhaustedError(
+        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer",
+                    tensor_name, device_bytes, device->name(), *max));
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      auto allocation,
+      DeviceAllocation::Create(host_device->memory(), device_bytes, tensor_name, device->name()));
+  FERRY_ASSIGN_OR_RETURN(
+      CopyConvertPlan plan,
+      CopyConvertPlan::Create(src,
+                              MutableHostView::Dense(allocation->data(), device_dtype, src.dims)));
+  (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
+
+  Promise<> ready;
+  auto make_buffer = [&] {
+    return std::unique_ptr<Buffer>(
+        new HostBuffer(host_device, device_dtype, src.dims, allocation, ready.future(), engine_));
+  };
+  const int64_t source_bytes = num_elements * DTypeSize(src.dtype);
+
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    if (source_bytes <= kInlineCopyBytes) {
+      plan.CopyAll();
+    } else {
+      // Spread the copy over the engine's workers and wait: the call may not return before the
+      // source has been read.
+      Promise<> copied;
+      FERRY_RETURN_IF_ERROR(
+          engine_->Submit(std::move(plan), [copied](Status status) { copied.Set(status); }));
+      FERRY_RETURN_IF_ERROR(copied.future().Await());
+    }
+    if (on_done) std::move(on_done)();
+    ready.Set(OkStatus());
+    return make_buffer();
+  }
+
+  // kImmutableUntilTransferCompletes: the engine owns the rest. Ready completes only after
+  // on_done has returned, so "ready" also means "the source has been released".
+  auto buffer = make_buffer();
+  FERRY_RETURN_IF_ERROR(engine_->Submit(
+      std::move(plan), [ready, on_done = std::move(on_done), allocation](Status status) mutable {
+        if (on_done) std::move(on_done)();
+        ready.Set(std::move(status));
+      }));
+  return buffer;
+}
+
+}  // namespace ferry::host

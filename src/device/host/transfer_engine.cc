@@ -1,0 +1,103 @@
+#include "src/device/host/transfer_engine.h"
+
+#include <algorithm>
+
+namespace ferry::host {
+
+TransferEngine::TransferEngine(int num_workers, int64_t chunk_bytes)
+    : chunk_bytes_(std::max<int64_t>(chunk_bytes, 4096)) {
+  workers_.reserve(std::max(num_workers, 1));
+  for (int i = 0; i < std::max(num_workers, 1); ++i) {
+    workers_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+TransferEngine::~TransferEngine() { Shutdown(); }
+
+Status TransferEngine::Submit(CopyConvertPlan plan, OnComplete on_complete) {
+  auto job = std::make_shared<Job>();
+  job->plan = std::move(plan);
+  job->on_complete = std::move(on_complete);
+  const int64_t total = job->plan.num_elements();
+  // A chunk moves at most chunk_bytes_ on the wider side, and holds whole rows where a row fits,
+  // so each chunk is a few long kernel calls.
+  const int64_t bytes_per_element =
+      std::max(DTypeSize(job->plan.src_dtype()), DTypeSize(job->plan.dst_dtype()));
+  int64_t chunk_elements = std::max<int64_t>(1, chunk_bytes_ / bytes_per_element);
+  const int64_t row = job->plan.row_elements();
+  if (row <= chunk_elements) chunk_elements -= chunk_elements % row;
+  job->chunk_elements = chunk_elements;
+  job->num_chunks = total == 0 ? 0 : (total + chunk_elements - 1) / chunk_elements;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return FailedPreconditionError("the host transfer engine has shut down");
+    if (job->num_chunks > 0) queue_.push_back(job);
+  }
+  if (job->num_chunks == 0) {
+    std::move(job->on_complete)(OkStatus());
+    return OkStatus();
+  }
+  // Wake as many workers as there are chunks to run.
+  if (job->num_chunks == 1) {
+    work_available_.notify_one();
+  } else {
+    work_available_.notify_all();
+  }
+  return OkStatus();
+}
+
+bool TransferEngine::IsJobDone(const Job& job) {
+  return job.finished == job.claimed && (job.claimed == job.num_chunks || job.cancelled);
+}
+
+void TransferEngine::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    work_available_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left to run
+    std::shared_ptr<Job> job = queue_.front();
+    const int64_t chunk = job->claimed++;
+    if (job->claimed == job->num_chunks) queue_.pop_front();
+    lock.unlock();
+
+    const int64_t begin = chunk * job->chunk_elements;
+    const int64_t end = std::min(begin + job->chunk_elements, job->plan.num_elements());
+    job->plan.CopyElements(begin, end);
+
+    lock.lock();
+    ++job->finished;
+    if (IsJobDone(*job)) {
+      const bool cancelled = job->cancelled;
+      lock.unlock();
+      std::move(job->on_complete)(cancelled ? CancelledError("the client shut down before the "
+                                                             "transfer finished")
+                                            : OkStatus());
+      job.reset();  // release the plan's memory references before taking the lock again
+      lock.lock();
+    }
+  }
+}
+
+void TransferEngine::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    std::vector<std::shared_ptr<Job>> cancelled_now;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      for (auto& job : queue_) {
+        job->cancelled = true;
+        // Jobs with running chunks complete on the worker that finishes the last one.
+        if (IsJobDone(*job)) cancelled_now.push_back(job);
+      }
+      queue_.clear();
+    }
+    work_available_.notify_all();
+    for (auto& job : cancelled_now) {
+      std::move(job->on_complete)(
+          CancelledError("the client shut down before the transfer started"));
+    }
+    for (std::thread& worker : workers_) worker.join();
+  });
+}
+
+}  // namespace ferry::host

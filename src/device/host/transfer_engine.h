@@ -1,0 +1,75 @@
+// TransferEngine: the host backend's asynchronous copy machinery.
+//
+// A fixed pool of worker threads runs copy jobs (a CopyConvertPlan) in chunks of at most
+// `chunk_bytes` of destination. Jobs run in FIFO order; the chunks of one job are spread over all
+// idle workers, so a large transfer uses every core and a queue of small ones costs one chunk
+// each. Bytes in flight are bounded by workers x chunk_bytes: nothing is staged, chunks write
+// straight into their destination.
+//
+// Threading: Submit and Shutdown may be called from any thread, including from a job's completion
+// callback (which runs on a worker). Shutdown must not be called from a worker.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/status.h"
+
+namespace ferry::host {
+
+class TransferEngine {
+ public:
+  // Runs once per job: OK after its last chunk, or Cancelled when Shutdown dropped chunks of it.
+  // Runs on the worker that finished the job's last chunk, or on the thread calling Shutdown.
+  using OnComplete = absl::AnyInvocable<void(Status) &&>;
+
+  static constexpr int64_t kDefaultChunkBytes = int64_t{8} << 20;
+
+  TransferEngine(int num_workers, int64_t chunk_bytes = kDefaultChunkBytes);
+  // Calls Shutdown().
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Queues `plan`; the memory its views point at must stay valid until `on_complete` runs.
+  // FailedPrecondition (and `on_complete` is not called) after Shutdown.
+  Status Submit(CopyConvertPlan plan, OnComplete on_complete);
+
+  // Stops accepting jobs, cancels every chunk not yet started, waits for running chunks, runs the
+  // completion of every job and joins the workers. Idempotent.
+  void Shutdown();
+
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+
+ private:
+  struct Job {
+    CopyConvertPlan plan;
+    OnComplete on_complete;
+    int64_t chunk_elements = 1;
+    int64_t num_chunks = 0;
+    int64_t claimed = 0;   // chunks handed to workers (guarded by mutex_)
+    int64_t finished = 0;  // chunks done (guarded by mutex_)
+    bool cancelled = false;
+  };
+
+  void WorkerLoop();
+  // With mutex_ held: true when `job` will run no more chunks and none is running.
+  static bool IsJobDone(const Job& job);
+
+  const int64_t chunk_bytes_;
+  std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace ferry::host

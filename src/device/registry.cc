@@ -1,0 +1,67 @@
+#include "ferry/device/registry.h"
+
+#include <map>
+#include <mutex>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace ferry {
+
+// Each built-in backend's tiny registration file defines one of these.
+void RegisterHostBackend();
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, ClientFactory, std::less<>> factories;
+};
+
+Registry& GetRegistry() {
+  static Registry* registry = new Registry();
+  return *registry;
+}
+
+void RegisterBuiltinBackends() {
+  static std::once_flag once;
+  std::call_once(once, [] { RegisterHostBackend(); });
+}
+
+}  // namespace
+
+void RegisterBackend(std::string backend, ClientFactory factory) {
+  Registry& registry = GetRegistry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  registry.factories[std::move(backend)] = std::move(factory);
+}
+
+std::vector<std::string> RegisteredBackends() {
+  RegisterBuiltinBackends();
+  Registry& registry = GetRegistry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  std::vector<std::string> names;
+  for (const auto& [name, factory] : registry.factories) names.push_back(name);
+  return names;
+}
+
+StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
+                                               const ClientOptions& options) {
+  RegisterBuiltinBackends();
+  ClientFactory factory;
+  {
+    Registry& registry = GetRegistry();
+    std::lock_guard<std::mutex> lock(registry.mutex);
+    auto it = registry.factories.find(backend);
+    if (it == registry.factories.end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, unused] : registry.factories) names.push_back(name);
+      return absl::NotFoundError(
+          fmt::format("unknown backend '{}'; registered: {}", backend, fmt::join(names, ", ")));
+    }
+    factory = it->second;
+  }
+  return factory(options);
+}
+
+}  // namespace ferry

@@ -1,0 +1,143 @@
+#include "ferry/core/copy_convert.h"
+
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+// The naive reference: visit every index in row-major order and convert one element at a time.
+void ReferenceCopy(const HostView& src, const MutableHostView& dst) {
+  ConvertKernel kernel = GetConvertKernel(src.dtype, dst.dtype).value();
+  const int64_t count = src.num_elements();
+  std::vector<int64_t> index(src.dims.size(), 0);
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t src_offset = 0, dst_offset = 0;
+    for (size_t d = 0; d < index.size(); ++d) {
+      src_offset += index[d] * src.byte_strides[d];
+      dst_offset += index[d] * dst.byte_strides[d];
+    }
+    kernel(static_cast<const std::byte*>(src.data) + src_offset, 0,
+           static_cast<std::byte*>(dst.data) + dst_offset, 0, 1);
+    for (size_t d = index.size(); d-- > 0;) {
+      if (++index[d] < src.dims[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t size) {
+  std::vector<std::byte> bytes(size);
+  for (auto& b : bytes) b = static_cast<std::byte>(rng());
+  return bytes;
+}
+
+TEST(CopyConvertTest, ContiguousSameDtypeIsOneRun) {
+  std::vector<float> src(100), dst(100);
+  for (int i = 0; i < 100; ++i) src[i] = i * 1.5f;
+  auto plan = CopyConvertPlan::Create(HostView::Dense(src.data(), DType::kF32, {10, 10}),
+                                      MutableHostView::Dense(dst.data(), DType::kF32, {10, 10}));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_TRUE(plan->is_contiguous());
+  EXPECT_EQ(plan->row_elements(), 100);
+  plan->CopyAll();
+  EXPECT_EQ(src, dst);
+}
+
+TEST(CopyConvertTest, TransposeMatchesReference) {
+  std::vector<float> src(12), dst(12);
+  for (int i = 0; i < 12; ++i) src[i] = static_cast<float>(i);
+  HostView transposed(src.data(), DType::kF32, {4, 3}, {4, 16});
+  ASSERT_TRUE(
+      CopyConvert(transposed, MutableHostView::Dense(dst.data(), DType::kF32, {4, 3})).ok());
+  EXPECT_EQ(dst, (std::vector<float>{0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11}));
+}
+
+TEST(CopyConvertTest, ConvertsWhileReadingNegativeStrides) {
+  std::vector<double> src = {1.5, 2.5, -3.25, 4.0};
+  std::vector<float> dst(4);
+  HostView reversed(src.data() + 3, DType::kF64, {4}, {-8});
+  ASSERT_TRUE(CopyConvert(reversed, MutableHostView::Dense(dst.data(), DType::kF32, {4})).ok());
+  EXPECT_EQ(dst, (std::vector<float>{4.0f, -3.25f, 2.5f, 1.5f}));
+}
+
+TEST(CopyConvertTest, DimsMismatchIsInvalidArgument) {
+  std::vector<float> a(6), b(6);
+  auto plan = CopyConvertPlan::Create(HostView::Dense(a.data(), DType::kF32, {2, 3}),
+                                      MutableHostView::Dense(b.data(), DType::kF32, {3, 2}));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CopyConvertTest, ComplexToRealIsRefused) {
+  std::vector<float> a(4), b(2);
+  auto plan = CopyConvertPlan::Create(HostView::Dense(a.data(), DType::kC64, {2}),
+                                      MutableHostView::Dense(b.data(), DType::kF32, {2}));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Random shapes, strides (permuted, stepped, negative, broadcast) and dtype pairs, copied in
+// random chunks, against the element-by-element reference.
+TEST(CopyConvertTest, RandomStridedChunkedCopiesMatchReference) {
+  const uint64_t seed = std::random_device{}();
+  std::cout << "seed " << seed << "\n";
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const auto dtypes = AllDTypes();
+  for (int trial = 0; trial < 300; ++trial) {
+    const DType src_dtype = dtypes[rng() % dtypes.size()];
+    const DType dst_dtype = dtypes[rng() % dtypes.size()];
+    if (!CheckConvertible(src_dtype, dst_dtype).ok()) continue;
+    const int rank = static_cast<int>(rng() % 5);
+    Dims dims;
+    for (int d = 0; d < rank; ++d) dims.push_back(static_cast<int64_t>(rng() % 6));
+    // Source: a random layout inside a bigger buffer (steps 1..3, some negative, some 0).
+    const int64_t esize = DTypeSize(src_dtype);
+    Dims steps(rank), src_strides(rank);
+    std::vector<int> order(rank);
+    for (int d = 0; d < rank; ++d) {
+      order[d] = d;
+      steps[d] = rng() % 8 == 0 ? 0 : static_cast<int64_t>(1 + rng() % 3);
+    }
+    std::shuffle(order.begin(), order.end(), rng);
+    int64_t extent = 1;  // in elements
+    for (int k = rank; k-- > 0;) {
+      const int d = order[k];
+      src_strides[d] = steps[d] * extent * esize;
+      extent *= std::max<int64_t>(dims[d], 1) * std::max<int64_t>(steps[d], 1);
+    }
+    std::vector<std::byte> src_bytes = RandomBytes(rng, static_cast<size_t>(extent * esize));
+    const std::byte* origin = src_bytes.data();
+    for (int d = 0; d < rank; ++d) {
+      if (rng() % 3 == 0 && dims[d] > 0) {  // flip this dim
+        origin += (dims[d] - 1) * src_strides[d];
+        src_strides[d] = -src_strides[d];
+      }
+    }
+    HostView src(origin, src_dtype, dims, src_strides);
+    ASSERT_TRUE(src.ValidateWithin(src_bytes.data(), src_bytes.size(), "src").ok())
+        << src.DebugString();
+    const int64_t count = src.num_elements();
+    std::vector<std::byte> expected(count * DTypeSize(dst_dtype) + 1);
+    std::vector<std::byte> actual(expected.size());
+    MutableHostView expected_view = MutableHostView::Dense(expected.data(), dst_dtype, dims);
+    MutableHostView actual_view = MutableHostView::Dense(actual.data(), dst_dtype, dims);
+    ReferenceCopy(src, expected_view);
+    auto plan = CopyConvertPlan::Create(src, actual_view);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (int64_t begin = 0; begin < count;) {  // random chunk boundaries
+      const int64_t end = std::min<int64_t>(count, begin + 1 + static_cast<int64_t>(rng() % 17));
+      plan->CopyElements(begin, end);
+      begin = end;
+    }
+    ASSERT_EQ(0, std::memcmp(expected.data(), actual.data(), expected.size()))
+        << DTypeName(src_dtype) << " -> " << DTypeName(dst_dtype) << " " << src.DebugString();
+  }
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,225 @@
+#include "ferry/runtime/transfer.h"
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "ferry/core/metrics.h"
+#include "ferry/device/registry.h"
+#include "ferry/runtime/dtype_policy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<Client> MakeHostClient(ClientOptions options = {}) {
+  auto client = CreateClient("host", options);
+  EXPECT_TRUE(client.ok()) << client.status();
+  return *std::move(client);
+}
+
+std::shared_ptr<const TensorSource> MakeSource(DType dtype, std::vector<int64_t> dims,
+                                               std::string name = "t") {
+  HostTensor tensor = HostTensor::Allocate(dtype, dims).value();
+  for (int64_t i = 0; i < tensor.size_bytes(); ++i) {
+    tensor.data()[i] = static_cast<std::byte>((i * 37 + 11) & 0x3F);  // finite floats
+  }
+  return TensorSource::FromHostTensor(std::move(tensor), std::move(name));
+}
+
+// A borrowed source whose keep-alive records when it is destroyed.
+struct Tracked {
+  std::vector<float> values;
+  std::atomic<int>* destroyed;
+  ~Tracked() { destroyed->fetch_add(1); }
+};
+
+TEST(DTypePolicyTest, ExplicitRequestWins) {
+  bool downcast = false;
+  auto chosen =
+      ChooseDeviceDType(DType::kF32, DType::kBF16, DeviceCapabilities::All(), "x", &downcast);
+  ASSERT_TRUE(chosen.ok());
+  EXPECT_EQ(*chosen, DType::kBF16);
+  EXPECT_TRUE(downcast);
+}
+
+TEST(DTypePolicyTest, ProfilePicksNearestHeldType) {
+  const DeviceCapabilities tpu_like = DeviceCapabilities::No64BitFloats();
+  bool downcast = false;
+  EXPECT_EQ(ChooseDeviceDType(DType::kF64, std::nullopt, tpu_like, "x", &downcast).value(),
+            DType::kF32);
+  EXPECT_TRUE(downcast);
+  EXPECT_EQ(ChooseDeviceDType(DType::kC128, std::nullopt, tpu_like, "x", &downcast).value(),
+            DType::kC64);
+  EXPECT_TRUE(downcast);
+  EXPECT_EQ(ChooseDeviceDType(DType::kF32, std::nullopt, tpu_like, "x", &downcast).value(),
+            DType::kF32);
+  EXPECT_FALSE(downcast);
+}
+
+TEST(DTypePolicyTest, RequestingAnUnheldTypeIsInvalidArgument) {
+  auto chosen =
+      ChooseDeviceDType(DType::kF32, DType::kF64, DeviceCapabilities::No64BitFloats(), "w");
+  EXPECT_EQ(chosen.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(chosen.status().message()), HasSubstr("'w'"));
+}
+
+TEST(DTypePolicyTest, NoHeldFallbackIsInvalidArgument) {
+  DeviceCapabilities only_f32;
+  only_f32.dtypes.set(static_cast<size_t>(DType::kF32));
+  EXPECT_EQ(ChooseDeviceDType(DType::kS8, std::nullopt, only_f32, "x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TransferTest, RoundTripReturnsLogicalDtypeAndCountsDowncasts) {
+  ResetMetrics();
+  ClientOptions options;
+  options.capabilities = DeviceCapabilities::No64BitFloats();
+  auto client = MakeHostClient(options);
+  Device* device = client->devices()[0];
+  std::vector<double> values(64);
+  std::iota(values.begin(), values.end(), -10.0);  // exact in f32
+  HostTensor tensor = HostTensor::Allocate(DType::kF64, {8, 8}).value();
+  std::memcpy(tensor.data(), values.data(), 64 * 8);
+  auto source = TensorSource::FromHostTensor(std::move(tensor), "doubles");
+
+  auto data = TransferToDevice({source}, device);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ((*data)[0]->device_dtype(), DType::kF32);
+  EXPECT_EQ((*data)[0]->logical_dtype(), DType::kF64);
+  EXPECT_EQ(GetCounter("SourceDowncasts")->Value(), 1);
+  EXPECT_EQ(GetCounter("ConvertedTransfers")->Value(), 1);
+
+  auto back = TransferFromDevice(*data);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ((*back)[0].dtype(), DType::kF64);
+  EXPECT_EQ(0, std::memcmp((*back)[0].data(), values.data(), 64 * 8));
+
+  TransferFromDeviceOptions in_device;
+  in_device.in_device_dtype = true;
+  auto raw = TransferFromDevice(*data, in_device);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ((*raw)[0].dtype(), DType::kF32);
+  EXPECT_EQ(reinterpret_cast<const float*>((*raw)[0].data())[63], 53.0f);
+}
+
+TEST(TransferTest, AsyncTransferReleasesBorrowedSourceExactlyOnceAfterReading) {
+  auto client = MakeHostClient();
+  Device* device = client->devices()[0];
+  std::atomic<int> destroyed{0};
+  for (int round = 0; round < 20; ++round) {
+    const int64_t count = 1 << 18;  // 1 MiB: goes through the engine
+    auto tracked = std::make_shared<Tracked>();
+    tracked->values.resize(count);
+    std::iota(tracked->values.begin(), tracked->values.end(), static_cast<float>(round));
+    tracked->destroyed = &destroyed;
+    const float* begin = tracked->values.data();
+    auto source = TensorSource::Borrow(HostView::Dense(begin, DType::kF32, {count}), begin,
+                                       count * 4, tracked, "tracked")
+                      .value();
+    tracked.reset();
+    TransferToDeviceOptions options;
+    options.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+    auto data = TransferToDevice({std::move(source)}, device, options);
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_TRUE(AwaitReady(*data).ok());
+    // Ready means the source has been released.
+    EXPECT_EQ(destroyed.load(), round + 1);
+    auto back = TransferFromDevice(*data).value();
+    const float* out = reinterpret_cast<const float*>(back[0].data());
+    EXPECT_EQ(out[0], static_cast<float>(round));
+    EXPECT_EQ(out[count - 1], static_cast<float>(round + count - 1));
+  }
+}
+
+TEST(TransferTest, BatchIsAllOrNothingAndKeepsEarlierData) {
+  ClientOptions options;
+  options.capabilities = DeviceCapabilities::All();
+  options.capabilities->memory_limit_bytes = 10 * 4096;
+  auto client = MakeHostClient(options);
+  Device* device = client->devices()[0];
+  auto earlier = TransferToDevice({MakeSource(DType::kF32, {1024}, "earlier")}, device).value();
+  std::vector<std::shared_ptr<const TensorSource>> batch;
+  for (int i = 0; i < 12; ++i)
+    batch.push_back(MakeSource(DType::kF32, {1024}, "b" + std::to_string(i)));
+  auto failed = TransferToDevice(batch, device);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(failed.status().message()), HasSubstr("'b9'"));
+  // The handles the failed call made were released; the earlier one is intact.
+  EXPECT_EQ(device->bytes_in_use(), 4096);
+  auto back = TransferFromDevice(earlier).value();
+  EXPECT_EQ(0, std::memcmp(back[0].data(), batch[0]->view().data, 4096));  // same fill pattern
+}
+
+TEST(TransferTest, DeviceDtypesMustMatchSourceCount) {
+  auto client = MakeHostClient();
+  TransferToDeviceOptions options;
+  options.device_dtypes = {DType::kF32, DType::kF32};
+  auto data = TransferToDevice({MakeSource(DType::kF32, {4})}, client->devices()[0], options);
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TransferTest, DestroyingTheLastHandleFreesDeviceMemory) {
+  ResetMetrics();
+  auto client = MakeHostClient();
+  Device* device = client->devices()[0];
+  {
+    auto data = TransferToDevice({MakeSource(DType::kS16, {100, 10})}, device).value();
+    EXPECT_EQ(device->bytes_in_use(), 2000);
+    EXPECT_EQ(GetCounter("CreateDataHandles")->Value(), 1);
+  }
+  EXPECT_EQ(device->bytes_in_use(), 0);
+  EXPECT_EQ(GetCounter("DestroyDataHandles")->Value(), 1);
+}
+
+TEST(TransferTest, MetricsRecordTimesAndBytes) {
+  ResetMetrics();
+  auto client = MakeHostClient();
+  auto data = TransferToDevice({MakeSource(DType::kF32, {256}), MakeSource(DType::kU8, {100})},
+                               client->devices()[0])
+                  .value();
+  ASSERT_TRUE(TransferFromDevice(data).ok());
+  auto snapshot = MetricsSnapshot();
+  EXPECT_EQ(snapshot["TransferToDeviceTime.count"], 1);
+  EXPECT_EQ(snapshot["TransferFromDeviceTime.count"], 1);
+  EXPECT_EQ(snapshot["OutboundData.sum"], 1124);
+  EXPECT_EQ(snapshot["InboundData.sum"], 1124);
+  EXPECT_EQ(snapshot["DirectTransfers"], 2);
+  const std::string report = MetricsReport();
+  EXPECT_THAT(report, HasSubstr("Metric: TransferToDeviceTime"));
+  EXPECT_THAT(report, HasSubstr("Counter: DirectTransfers"));
+}
+
+TEST(TransferTest, ConcurrentCallersFromManyThreads) {
+  auto client = MakeHostClient(ClientOptions{.num_devices = 2});
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        auto source = MakeSource(DType::kF32, {64, 65});
+        TransferToDeviceOptions options;
+        options.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+        auto data = TransferToDevice({source}, client->devices()[t % 2], options);
+        if (!data.ok()) {
+          failures++;
+          continue;
+        }
+        auto back = TransferFromDevice(*data);
+        if (!back.ok() || std::memcmp((*back)[0].data(), source->view().data, 64 * 65 * 4) != 0) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+}  // namespace
+}  // namespace ferry
