@@ -1,5 +1,6 @@
 #include "ferry/runtime/transfer.h"
 
+#include "ferry/core/convert.h"
 #include "ferry/core/metrics.h"
 #include "ferry/device/client.h"
 #include "ferry/runtime/dtype_policy.h"
@@ -40,6 +41,16 @@ StatusOr<std::vector<DataPtr>> TransferToDevice(
         ChooseDeviceDType(view.dtype,
                           options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[i],
                           device->capabilities(), source->name(), &downcast));
+    if (Status convertible = CheckConvertible(view.dtype, device_dtype); !convertible.ok()) {
+      return Status(convertible.code(), fmt::format("tensor '{}': {}", source->name(),
+                                                    std::string(convertible.message())));
+    }
+    if (Status readable = CheckConvertible(device_dtype, view.dtype); !readable.ok()) {
+      return InvalidArgumentError(
+          fmt::format("tensor '{}': storing {} as {} would make it unreadable in its own dtype: {}",
+                      source->name(), DTypeName(view.dtype), DTypeName(device_dtype),
+                      std::string(readable.message())));
+    }
     if (downcast) metrics::SourceDowncasts()->Add();
     // The transfer owns a reference to its source until it has read the last byte; the
     // completion callback drops it (on a runtime thread for asynchronous semantics).

@@ -18,7 +18,8 @@ struct ClientOptions {
   // Number of devices, for backends that can present several (host). nullopt: the backend's
   // default (host: 1, or the FERRY_HOST_DEVICES environment variable).
   std::optional<int> num_devices;
-  // Overrides the capability profile the backend would report (host only).
+  // Overrides the capability profile the backend would report (host only). Without it the host
+  // backend holds every dtype, with the memory limit of FERRY_HOST_MEMORY_LIMIT (bytes) if set.
   std::optional<DeviceCapabilities> capabilities;
   // Worker threads of the backend's transfer engine; nullopt: the number of cores.
   std::optional<int> num_worker_threads;

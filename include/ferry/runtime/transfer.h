@@ -53,7 +53,8 @@ struct TransferToDeviceOptions {
 // Starts moving every source to `device` and returns one handle per source, in order, at once.
 // Each transfer holds its source (the shared_ptr) until it has read it, then drops it on a
 // runtime thread (for kImmutableOnlyDuringCall: before this returns).
-// All or nothing: if any source fails to start (bad view, dtype, out of device memory), the
+// A device dtype from which the source's own dtype cannot be read back (a real source stored as
+// complex) is InvalidArgument. All or nothing: if any source fails to start (bad view, dtype, out of device memory), the
 // handles already made by this call are released and the error names that source; data that
 // was on the device before the call is untouched.
 StatusOr<std::vector<DataPtr>> TransferToDevice(

@@ -36,13 +36,22 @@ StatusOr<std::unique_ptr<Client>> HostClient::Create(const ClientOptions& option
     return InvalidArgumentError(
         fmt::format("the host backend needs 1 to 1024 devices, got {}", num_devices));
   }
+  DeviceCapabilities capabilities = options.capabilities.value_or(DeviceCapabilities::All());
+  if (const char* env = std::getenv("FERRY_HOST_MEMORY_LIMIT");
+      env != nullptr && !options.capabilities.has_value()) {
+    int64_t limit = 0;
+    if (!absl::SimpleAtoi(env, &limit) || limit < 0) {
+      return InvalidArgumentError(
+          fmt::format("FERRY_HOST_MEMORY_LIMIT must be a number of bytes, got '{}'", env));
+    }
+    capabilities.memory_limit_bytes = limit;
+  }
   const int num_workers = options.num_worker_threads.value_or(
       std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   if (num_workers < 1) {
     return InvalidArgumentError("the host backend needs at least one worker thread");
   }
-  return std::unique_ptr<Client>(new HostClient(
-      num_devices, options.capabilities.value_or(DeviceCapabilities::All()), num_workers));
+  return std::unique_ptr<Client>(new HostClient(num_devices, capabilities, num_workers));
 }
 
 HostClient::HostClient(int num_devices, const DeviceCapabilities& capabilities, int num_workers)

@@ -1,0 +1,274 @@
+"""ferry: move tensors between host memory and devices directly.
+
+Real byte strides, the element type converted once on the way, asynchronous transfers that keep
+their source alive exactly as long as they read it, and no GIL deadlocks. See docs/python.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from . import _ferry
+from ._ferry import Device
+
+__all__ = [
+    "Array",
+    "Device",
+    "Error",
+    "CancelledError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutOfRangeError",
+    "ResourceExhaustedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "device",
+    "device_get",
+    "device_put",
+    "devices",
+    "from_dlpack",
+    "metrics",
+    "metrics_report",
+    "reset_metrics",
+]
+
+
+class Error(Exception):
+    """Base class of every error ferry raises."""
+
+
+class InvalidArgumentError(Error, ValueError):
+    pass
+
+
+class OutOfRangeError(Error, IndexError):
+    pass
+
+
+class NotFoundError(Error, LookupError):
+    pass
+
+
+class ResourceExhaustedError(Error, MemoryError):
+    pass
+
+
+class FailedPreconditionError(Error, RuntimeError):
+    pass
+
+
+class UnavailableError(Error, RuntimeError):
+    pass
+
+
+class UnimplementedError(Error, NotImplementedError):
+    pass
+
+
+class CancelledError(Error, RuntimeError):
+    pass
+
+
+class InternalError(Error, RuntimeError):
+    pass
+
+
+# absl::StatusCode values.
+for _code, _cls in {
+    1: CancelledError,
+    3: InvalidArgumentError,
+    5: NotFoundError,
+    8: ResourceExhaustedError,
+    9: FailedPreconditionError,
+    11: OutOfRangeError,
+    12: UnimplementedError,
+    13: InternalError,
+    14: UnavailableError,
+}.items():
+    _ferry._register_error(_code, _cls)
+
+# dtype names (ferry's canonical ones) <-> numpy dtypes; ml_dtypes gives numpy its bf16 and f8.
+_NUMPY_DTYPES = {
+    name: np.dtype(name)
+    for name in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+}
+_NUMPY_DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
+_NUMPY_DTYPES["float8_e4m3fn"] = np.dtype(ml_dtypes.float8_e4m3fn)
+_NUMPY_DTYPES["float8_e5m2"] = np.dtype(ml_dtypes.float8_e5m2)
+# Types numpy's buffer protocol cannot express travel as unsigned ints of their size.
+_VIEWED_AS_UINT = {
+    np.dtype(ml_dtypes.bfloat16): ("bfloat16", np.uint16),
+    np.dtype(ml_dtypes.float8_e4m3fn): ("float8_e4m3fn", np.uint8),
+    np.dtype(ml_dtypes.float8_e5m2): ("float8_e5m2", np.uint8),
+}
+_SEMANTICS = ("copy", "async", "zero_copy")
+
+
+def _dtype_name(dtype: Any) -> str:
+    """ferry's name for a numpy dtype, an ml_dtypes type or a name."""
+    if isinstance(dtype, str) and dtype in _NUMPY_DTYPES:
+        return dtype
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError as error:
+        raise InvalidArgumentError(f"unknown dtype {dtype!r}") from error
+    for name, candidate in _NUMPY_DTYPES.items():
+        if candidate == numpy_dtype:
+            return name
+    raise InvalidArgumentError(f"dtype {numpy_dtype} has no ferry equivalent")
+
+
+def _resolve_device(device: Device | str | None) -> Device | None:
+    if device is None or isinstance(device, Device):
+        return device
+    if isinstance(device, str):
+        return _ferry.device(device)
+    raise InvalidArgumentError(f"device must be a ferry.Device, a name or None, not {device!r}")
+
+
+def _prepare(x: Any) -> tuple[Any, str | None]:
+    """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself."""
+    if isinstance(x, np.generic):  # a numpy scalar: a 0-d array without a copy of note
+        x = np.asarray(x)
+    if isinstance(x, np.ndarray):
+        viewed = _VIEWED_AS_UINT.get(x.dtype)
+        if viewed is not None:
+            return x.view(viewed[1]), viewed[0]
+    elif isinstance(x, Array):
+        raise InvalidArgumentError("device_put of a ferry.Array: read it with device_get first")
+    return x, None
+
+
+Array = _ferry.Array
+
+
+def _array_dtype(self: Array) -> np.dtype:
+    """The logical dtype (the source's), as a numpy dtype."""
+    return _NUMPY_DTYPES[self._dtype_name]
+
+
+def _array_to_numpy(self: Array) -> np.ndarray:
+    """The data as a new numpy array in the logical dtype (blocks without the GIL)."""
+    return device_get(self)
+
+
+def _array_block_until_ready(self: Array) -> Array:
+    self._block_until_ready()
+    return self
+
+
+def _array_array(self: Array, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+    result = self.to_numpy()
+    return result if dtype is None else result.astype(dtype, copy=False)
+
+
+def _array_repr(self: Array) -> str:
+    if self.is_deleted:
+        return "ferry.Array(<deleted>)"
+    return (
+        f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
+        f"device_dtype={self.device_dtype}, device={self.device.name})"
+    )
+
+
+def _array_dlpack(self: Array, *args: Any, **kwargs: Any) -> Any:
+    """Read-only, zero-copy DLPack export (host devices only)."""
+    if self.device.backend != "host":
+        raise UnimplementedError(f"__dlpack__ is only supported on host devices, not {self.device.name}")
+    # An unversioned "dltensor" capsule over the device memory; it keeps the array's data alive.
+    return self._host_view()
+
+
+def _array_dlpack_device(self: Array) -> tuple[int, int]:
+    if self.device.backend != "host":
+        raise UnimplementedError("__dlpack_device__ is only supported on host devices")
+    return (1, 0)  # kDLCPU
+
+
+Array.dtype = property(_array_dtype)
+Array.to_numpy = _array_to_numpy
+Array.block_until_ready = _array_block_until_ready
+Array.__array__ = _array_array
+Array.__repr__ = _array_repr
+Array.__dlpack__ = _array_dlpack
+Array.__dlpack_device__ = _array_dlpack_device
+
+
+def devices(backend: str | None = None) -> list[Device]:
+    """Every device of `backend` ("host", "opencl"), or of every backend that can start here."""
+    return _ferry.devices(backend)
+
+
+def device(name: str) -> Device:
+    """The device called `name`, e.g. "host:0"."""
+    return _ferry.device(name)
+
+
+def device_put(
+    x: Any,
+    device: Device | str | None = None,
+    *,
+    device_dtype: Any = None,
+    semantics: str = "copy",
+) -> Array | list[Array]:
+    """Puts `x` (or each item of a list/tuple, in one batched call) on `device`.
+
+    `x` is a numpy array, a buffer-protocol object or a DLPack producer (a torch tensor, a JAX
+    array). `device_dtype` asks the device to store another type; the result keeps `x`'s dtype as
+    its logical dtype. `semantics` is "copy" (the default: `x` has been read when this returns),
+    "async" (returns at once; ferry holds `x` until it has read it; do not change `x` meanwhile) or
+    "zero_copy" (the host device may alias `x` for the array's life; otherwise as "async").
+    """
+    if semantics not in _SEMANTICS:
+        raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
+    batched = isinstance(x, (list, tuple))
+    items = list(x) if batched else [x]
+    objects, overrides = [], []
+    for item in items:
+        obj, override = _prepare(item)
+        objects.append(obj)
+        overrides.append(override)
+    name = None if device_dtype is None else _dtype_name(device_dtype)
+    arrays = _ferry.put(objects, overrides, _resolve_device(device), name, semantics)
+    return arrays if batched else arrays[0]
+
+
+def device_get(x: Array | Sequence[Array]) -> np.ndarray | list[np.ndarray]:
+    """The data of an Array (or of each in a list: every read starts before any wait) as numpy."""
+    batched = isinstance(x, (list, tuple))
+    arrays = list(x) if batched else [x]
+    for item in arrays:
+        if not isinstance(item, Array):
+            raise InvalidArgumentError(f"device_get takes ferry.Array objects, not {type(item).__name__}")
+    raw = _ferry.get(arrays)
+    results = []
+    for array, data in zip(arrays, raw):
+        logical = _NUMPY_DTYPES[array._dtype_name]
+        results.append(data if data.dtype == logical else data.view(logical))
+    return results if batched else results[0]
+
+
+def from_dlpack(obj: Any, device: Device | str | None = None) -> Array:
+    """Imports a DLPack producer; on the host device it is aliased without a copy."""
+    return device_put(obj, device, semantics="zero_copy")
+
+
+def metrics() -> dict[str, float]:
+    """Counters by name; value metrics as NAME.count and NAME.sum."""
+    return _ferry.metrics()
+
+
+def metrics_report() -> str:
+    return _ferry.metrics_report()
+
+
+def reset_metrics() -> None:
+    _ferry.reset_metrics()

@@ -1,0 +1,67 @@
+// The two GIL defences of the Python layer (docs/python.md, "The GIL").
+//
+// 1. Never block while holding the GIL: every call that can wait holds a `ScopedGilRelease`,
+//    which restores the thread state on every path, errors and exceptions included.
+// 2. Never destroy a Python object off the GIL: a Python object owned by a transfer lives in a
+//    `PyHeld`, and the last reference to a `PyHeld` is dropped through `ReleasePyHeld`. On a thread
+//    without the GIL that queues it; the queue is emptied under the GIL at every API entry and
+//    exit and by a scheduled pending call (`Py_AddPendingCall`).
+// Either defence alone prevents the deadlock of a completion callback that needs the GIL while
+// the main thread holds it and waits for that transfer. Both can be switched off for tests
+// (ferry._testing); both default on.
+#pragma once
+
+#include <Python.h>
+
+#include <atomic>
+#include <memory>
+
+namespace ferry::python {
+
+// Defence switches (tests only). Thread-safe.
+void SetReleaseGil(bool enabled);
+bool ReleaseGilEnabled();
+void SetDeferredRelease(bool enabled);
+bool DeferredReleaseEnabled();
+
+// Releases the GIL for its scope when defence 1 is on (and `wanted`); re-acquires it on exit.
+// Must be constructed on a thread that holds the GIL.
+class ScopedGilRelease {
+ public:
+  explicit ScopedGilRelease(bool wanted = true);
+  ~ScopedGilRelease();
+  ScopedGilRelease(const ScopedGilRelease&) = delete;
+  ScopedGilRelease& operator=(const ScopedGilRelease&) = delete;
+
+ private:
+  PyThreadState* saved_ = nullptr;
+};
+
+// Something that owns Python references (an array, a buffer view, a DLPack import). Its
+// destructor needs the GIL; it is only ever destroyed by `ReleasePyHeld` or under the GIL.
+class PyHeld {
+ public:
+  virtual ~PyHeld() = default;
+};
+
+// Drops `held` now if this thread holds the GIL; otherwise queues it (defence 2) or, with
+// defence 2 switched off, takes the GIL itself to drop it (the path that can deadlock).
+void ReleasePyHeld(PyHeld* held);
+
+// A shared_ptr that releases its PyHeld through ReleasePyHeld, whichever thread drops it last.
+std::shared_ptr<const void> MakeKeepAlive(std::unique_ptr<PyHeld> held);
+
+// Destroys every queued PyHeld. Requires the GIL. Cheap when the queue is empty.
+void DrainReleaseQueue();
+
+// Number of objects currently queued (tests).
+size_t PendingReleaseCount();
+
+// Drains the queue on construction and destruction: put one at every API entry point.
+class ApiScope {
+ public:
+  ApiScope() { DrainReleaseQueue(); }
+  ~ApiScope() { DrainReleaseQueue(); }
+};
+
+}  // namespace ferry::python

@@ -1,0 +1,319 @@
+// The `ferry._ferry` extension module: the C++ side of the Python API (python/ferry/__init__.py
+// holds the Python side). Every entry point drains the release queue (gil.h, defence 2) and every
+// call that can wait releases the GIL (defence 1).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/core/metrics.h"
+#include "ferry/device/registry.h"
+#include "ferry/runtime/transfer.h"
+#include "fmt/format.h"
+#include "src/python/gil.h"
+#include "src/python/py_source.h"
+
+namespace nb = nanobind;
+
+namespace ferry::python {
+namespace {
+
+// A non-OK Status on its way to Python; translated into the matching ferry.Error subclass.
+struct StatusError {
+  Status status;
+};
+
+template <typename T>
+T ValueOrThrow(StatusOr<T> value) {
+  if (!value.ok()) throw StatusError{value.status()};
+  return *std::move(value);
+}
+
+void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw StatusError{status};
+}
+
+// absl::StatusCode -> Python exception class, filled by ferry/__init__.py at import.
+std::map<int, PyObject*>& ErrorClasses() {
+  static auto* classes = new std::map<int, PyObject*>();
+  return *classes;
+}
+
+// Backends' clients, created on first use and kept for the life of the process (destroying them
+// at interpreter exit would race with finalisation; the OS reclaims everything).
+Client* GetClient(const std::string& backend) {
+  static std::mutex mutex;
+  static auto* clients = new std::map<std::string, std::unique_ptr<Client>, std::less<>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = clients->find(backend);
+  if (it == clients->end()) {
+    std::unique_ptr<Client> client = ValueOrThrow(CreateClient(backend));
+    it = clients->emplace(backend, std::move(client)).first;
+  }
+  return it->second.get();
+}
+
+Device* DeviceByName(const std::string& name) {
+  const size_t colon = name.find(':');
+  const std::string backend = colon == std::string::npos ? name : name.substr(0, colon);
+  Client* client = GetClient(backend);
+  int index = 0;
+  if (colon != std::string::npos) {
+    try {
+      size_t used = 0;
+      index = std::stoi(name.substr(colon + 1), &used);
+      if (used != name.size() - colon - 1) throw std::invalid_argument(name);
+    } catch (const std::exception&) {
+      throw StatusError{InvalidArgumentError(
+          fmt::format("device name '{}' is not of the form backend:index", name))};
+    }
+  }
+  auto devices = client->devices();
+  if (index < 0 || index >= static_cast<int>(devices.size())) {
+    throw StatusError{absl::NotFoundError(fmt::format(
+        "device '{}' does not exist: backend {} has {} device(s)", name, backend, devices.size()))};
+  }
+  return devices[index];
+}
+
+DType ParseDType(const std::string& name) { return ValueOrThrow(DTypeFromName(name)); }
+
+HostBufferSemantics ParseSemantics(const std::string& semantics) {
+  if (semantics == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
+  if (semantics == "async") return HostBufferSemantics::kImmutableUntilTransferCompletes;
+  if (semantics == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
+  throw StatusError{InvalidArgumentError(
+      fmt::format("semantics must be 'copy', 'async' or 'zero_copy', got '{}'", semantics))};
+}
+
+// Numpy has no bfloat16 or float8: those travel as unsigned ints of their size and the Python
+// layer views them as the ml_dtypes type.
+nb::dlpack::dtype StorageDLPackDType(DType dtype) {
+  const DTypeInfo& info = GetDTypeInfo(dtype);
+  switch (dtype) {
+    case DType::kBF16:
+    case DType::kF8E4M3FN:
+    case DType::kF8E5M2:
+      return nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::UInt),
+                               static_cast<uint8_t>(info.size_bytes * 8), 1};
+    default:
+      return nb::dlpack::dtype{info.dlpack_code, info.dlpack_bits, 1};
+  }
+}
+
+// A numpy array that owns `tensor`.
+nb::object ToNumpy(HostTensor tensor) {
+  auto* owned = new HostTensor(std::move(tensor));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
+  std::vector<size_t> shape(owned->dims().begin(), owned->dims().end());
+  nb::ndarray<nb::numpy> array(owned->data(), shape.size(), shape.data(), owner, nullptr,
+                               StorageDLPackDType(owned->dtype()));
+  return nb::cast(array, nb::rv_policy::reference);
+}
+
+class Array {
+ public:
+  explicit Array(DataPtr data) : data_(std::move(data)) {}
+
+  const DataPtr& data() const {
+    if (data_ == nullptr) {
+      throw StatusError{FailedPreconditionError("the array has been deleted")};
+    }
+    return data_;
+  }
+  nb::tuple shape() const {
+    nb::list dims;
+    for (int64_t dim : data()->dims()) dims.append(dim);
+    return nb::tuple(dims);
+  }
+  std::string dtype_name() const { return std::string(DTypeName(data()->logical_dtype())); }
+  std::string device_dtype() const { return std::string(DTypeName(data()->device_dtype())); }
+  Device* device() const { return data()->device(); }
+  bool is_ready() const { return data()->Ready().IsReady(); }
+  bool is_deleted() const { return data_ == nullptr; }
+  void block_until_ready() const {
+    ApiScope api;
+    Future<> ready = data()->Ready();
+    Status status;
+    {
+      ScopedGilRelease unlocked;
+      status = ready.Await();
+    }
+    ThrowIfError(status);
+  }
+  void Delete() { data_.reset(); }
+  // A read-only, zero-copy view of the device data (host-accessible devices only), keeping the
+  // array's data alive.
+  nb::object host_view() const {
+    DataPtr data_ref = data();
+    block_until_ready();
+    HostView view = ValueOrThrow(data_ref->buffer().HostAccessibleView());
+    auto* keep = new DataPtr(data_ref);
+    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<DataPtr*>(p); });
+    std::vector<size_t> shape(view.dims.begin(), view.dims.end());
+    const DTypeInfo& info = GetDTypeInfo(view.dtype);
+    nb::ndarray<nb::ro> array(view.data, shape.size(), shape.data(), owner, nullptr,
+                              nb::dlpack::dtype{info.dlpack_code, info.dlpack_bits, 1});
+    return nb::cast(array, nb::rv_policy::reference);
+  }
+
+ private:
+  DataPtr data_;
+};
+
+std::vector<Array> Put(const std::vector<nb::object>& objects,
+                       const std::vector<std::optional<std::string>>& dtype_overrides,
+                       Device* device, std::optional<std::string> device_dtype,
+                       const std::string& semantics_name) {
+  ApiScope api;
+  if (device == nullptr) device = DeviceByName("host:0");
+  TransferToDeviceOptions options;
+  options.semantics = ParseSemantics(semantics_name);
+  if (device_dtype.has_value()) {
+    options.device_dtypes.assign(objects.size(), ParseDType(*device_dtype));
+  }
+  std::vector<std::shared_ptr<const TensorSource>> sources;
+  sources.reserve(objects.size());
+  int64_t total_bytes = 0;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    std::optional<DType> override_dtype;
+    if (i < dtype_overrides.size() && dtype_overrides[i].has_value()) {
+      override_dtype = ParseDType(*dtype_overrides[i]);
+    }
+    std::string name = objects.size() == 1 ? "array" : fmt::format("array {}", i);
+    sources.push_back(ValueOrThrow(SourceFromPython(objects[i], override_dtype, std::move(name))));
+    total_bytes += sources.back()->view().dense_size_bytes();
+  }
+  StatusOr<std::vector<DataPtr>> data;
+  {
+    // A "copy" put waits for the copy; small ones run inline and are not worth a GIL hand-off.
+    const bool may_wait = options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall &&
+                          total_bytes > (int64_t{256} << 10);
+    ScopedGilRelease unlocked(may_wait);
+    data = TransferToDevice(sources, device, options);
+    sources.clear();  // our references go here: the transfers hold their own
+  }
+  std::vector<DataPtr> handles = ValueOrThrow(std::move(data));
+  std::vector<Array> arrays;
+  arrays.reserve(handles.size());
+  for (DataPtr& handle : handles) arrays.emplace_back(std::move(handle));
+  return arrays;
+}
+
+std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
+  ApiScope api;
+  std::vector<DataPtr> data;
+  data.reserve(arrays.size());
+  for (Array* array : arrays) {
+    if (array == nullptr)
+      throw StatusError{InvalidArgumentError("device_get: None is not an Array")};
+    data.push_back(array->data());
+  }
+  StatusOr<std::vector<HostTensor>> tensors;
+  {
+    ScopedGilRelease unlocked;  // every read starts, then this thread waits without the GIL
+    tensors = TransferFromDevice(data);
+  }
+  std::vector<HostTensor> host = ValueOrThrow(std::move(tensors));
+  std::vector<nb::object> results;
+  results.reserve(host.size());
+  for (HostTensor& tensor : host) results.push_back(ToNumpy(std::move(tensor)));
+  return results;
+}
+
+std::vector<Device*> Devices(std::optional<std::string> backend) {
+  ApiScope api;
+  std::vector<Device*> devices;
+  std::vector<std::string> backends =
+      backend.has_value() ? std::vector<std::string>{*backend} : RegisteredBackends();
+  for (const std::string& name : backends) {
+    Client* client = nullptr;
+    try {
+      client = GetClient(name);
+    } catch (const StatusError& error) {
+      // Listing every backend skips the ones that cannot start here; asking for one raises.
+      if (backend.has_value() || error.status.code() != absl::StatusCode::kUnavailable) throw;
+      continue;
+    }
+    for (Device* device : client->devices()) devices.push_back(device);
+  }
+  return devices;
+}
+
+}  // namespace
+
+NB_MODULE(_ferry, m) {
+  m.doc() = "ferry's C++ core; use the `ferry` package.";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& error) {
+      auto& classes = ErrorClasses();
+      auto it = classes.find(static_cast<int>(error.status.code()));
+      PyObject* type = it != classes.end() ? it->second : PyExc_RuntimeError;
+      PyErr_SetString(type, std::string(error.status.message()).c_str());
+    }
+  });
+
+  m.def("_register_error", [](int code, nb::object cls) {
+    ErrorClasses()[code] = cls.release().ptr();  // kept for the life of the process
+  });
+
+  nb::class_<Device>(m, "Device")
+      .def_prop_ro("name", [](const Device& d) { return d.name(); })
+      .def_prop_ro("backend", [](const Device& d) { return std::string(d.client()->backend()); })
+      .def_prop_ro("index", &Device::index)
+      .def_prop_ro("memory_limit",
+                   [](const Device& d) { return d.capabilities().memory_limit_bytes; })
+      .def_prop_ro("bytes_in_use", &Device::bytes_in_use)
+      .def_prop_ro("dtypes",
+                   [](const Device& d) {
+                     std::vector<std::string> names;
+                     for (DType dtype : d.capabilities().HeldDTypes()) {
+                       names.emplace_back(DTypeName(dtype));
+                     }
+                     return names;
+                   })
+      .def("__repr__", [](const Device& d) { return fmt::format("Device({})", d.name()); })
+      .def("__eq__", [](const Device& a, const Device& b) { return &a == &b; })
+      .def("__hash__", [](const Device& d) { return std::hash<const void*>()(&d); });
+
+  nb::class_<Array>(m, "Array")
+      .def_prop_ro("shape", &Array::shape)
+      .def_prop_ro("_dtype_name", &Array::dtype_name)
+      .def_prop_ro("device_dtype", &Array::device_dtype)
+      .def_prop_ro("device", &Array::device, nb::rv_policy::reference)
+      .def_prop_ro("is_deleted", &Array::is_deleted)
+      .def("is_ready", &Array::is_ready)
+      .def("_block_until_ready", &Array::block_until_ready)
+      .def("delete", &Array::Delete)
+      .def("_host_view", &Array::host_view);
+
+  m.def("put", &Put, nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device").none(),
+        nb::arg("device_dtype").none(), nb::arg("semantics"));
+  m.def("get", &Get, nb::arg("arrays"));
+  m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
+  m.def("device", &DeviceByName, nb::rv_policy::reference);
+  m.def("metrics", [] { return MetricsSnapshot(); });
+  m.def("metrics_report", [] { return MetricsReport(); });
+  m.def("reset_metrics", [] { ResetMetrics(); });
+
+  m.def("_set_release_gil", &SetReleaseGil);
+  m.def("_set_deferred_release", &SetDeferredRelease);
+  m.def("_release_gil_enabled", &ReleaseGilEnabled);
+  m.def("_deferred_release_enabled", &DeferredReleaseEnabled);
+  m.def("_pending_release_count", &PendingReleaseCount);
+  m.def("_drain_release_queue", &DrainReleaseQueue);
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,140 @@
+#include "src/python/py_source.h"
+
+#include <nanobind/ndarray.h>
+
+#include "fmt/format.h"
+#include "src/python/gil.h"
+
+namespace nb = nanobind;
+
+namespace ferry::python {
+namespace {
+
+class HeldBuffer final : public PyHeld {
+ public:
+  HeldBuffer() = default;
+  ~HeldBuffer() override {
+    if (acquired) PyBuffer_Release(&view);
+  }
+  Py_buffer view{};
+  bool acquired = false;
+};
+
+class HeldNdarray final : public PyHeld {
+ public:
+  explicit HeldNdarray(nb::ndarray<nb::ro, nb::device::cpu> array) : array(std::move(array)) {}
+  nb::ndarray<nb::ro, nb::device::cpu> array;
+};
+
+StatusOr<std::shared_ptr<const TensorSource>> BorrowFrom(HostView view,
+                                                         std::shared_ptr<const void> keep_alive,
+                                                         std::string name) {
+  // The producer vouches for its memory: the region is exactly what the view addresses.
+  FERRY_ASSIGN_OR_RETURN(AddressedBytes addressed, view.ComputeAddressedBytes(name));
+  const auto* base = static_cast<const std::byte*>(view.data);
+  return TensorSource::Borrow(view, base + addressed.begin, addressed.end - addressed.begin,
+                              std::move(keep_alive), std::move(name));
+}
+
+Status ApplyOverride(HostView& view, std::optional<DType> dtype_override, std::string_view name) {
+  if (!dtype_override.has_value()) return OkStatus();
+  if (DTypeSize(*dtype_override) != DTypeSize(view.dtype)) {
+    return InvalidArgumentError(fmt::format("tensor '{}': cannot read {} elements as {}", name,
+                                            DTypeName(view.dtype), DTypeName(*dtype_override)));
+  }
+  view.dtype = *dtype_override;
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize) {
+  std::string_view code = format;
+  if (!code.empty() && (code[0] == '@' || code[0] == '=' || code[0] == '<')) code.remove_prefix(1);
+  if (!code.empty() && (code[0] == '>' || code[0] == '!')) {
+    return InvalidArgumentError(fmt::format(
+        "big-endian buffer format '{}' is not supported; convert with astype('<...') first",
+        format));
+  }
+  DType dtype;
+  if (code == "?")
+    dtype = DType::kBool;
+  else if (code == "b")
+    dtype = DType::kS8;
+  else if (code == "B")
+    dtype = DType::kU8;
+  else if (code == "h")
+    dtype = DType::kS16;
+  else if (code == "H")
+    dtype = DType::kU16;
+  else if (code == "i")
+    dtype = DType::kS32;
+  else if (code == "I")
+    dtype = DType::kU32;
+  else if (code == "l" || code == "q")
+    dtype = itemsize == 4 ? DType::kS32 : DType::kS64;
+  else if (code == "L" || code == "Q")
+    dtype = itemsize == 4 ? DType::kU32 : DType::kU64;
+  else if (code == "e")
+    dtype = DType::kF16;
+  else if (code == "f")
+    dtype = DType::kF32;
+  else if (code == "d")
+    dtype = DType::kF64;
+  else if (code == "Zf")
+    dtype = DType::kC64;
+  else if (code == "Zd")
+    dtype = DType::kC128;
+  else {
+    return InvalidArgumentError(fmt::format(
+        "buffer format '{}' has no ferry dtype (object and structured arrays cannot be moved)",
+        format));
+  }
+  if (DTypeSize(dtype) != itemsize) {
+    return InvalidArgumentError(fmt::format("buffer format '{}' with item size {} is not {}",
+                                            format, itemsize, DTypeName(dtype)));
+  }
+  return dtype;
+}
+
+StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object,
+                                                               std::optional<DType> dtype_override,
+                                                               std::string name) {
+  // Buffer protocol first: numpy arrays and every other buffer, with real byte strides.
+  if (PyObject_CheckBuffer(object.ptr())) {
+    auto held = std::make_unique<HeldBuffer>();
+    if (PyObject_GetBuffer(object.ptr(), &held->view, PyBUF_RECORDS_RO) == 0) {
+      held->acquired = true;
+      const Py_buffer& buffer = held->view;
+      FERRY_ASSIGN_OR_RETURN(
+          DType dtype, DTypeFromBufferFormat(buffer.format ? buffer.format : "B", buffer.itemsize));
+      Dims dims(buffer.shape, buffer.shape + buffer.ndim);
+      Dims strides = buffer.strides ? Dims(buffer.strides, buffer.strides + buffer.ndim)
+                                    : RowMajorByteStrides(dims, buffer.itemsize);
+      HostView view(buffer.buf, dtype, std::move(dims), std::move(strides));
+      FERRY_RETURN_IF_ERROR(ApplyOverride(view, dtype_override, name));
+      return BorrowFrom(std::move(view), MakeKeepAlive(std::move(held)), std::move(name));
+    }
+    PyErr_Clear();  // e.g. a dtype the buffer protocol cannot express: try DLPack
+  }
+  // DLPack producers (torch tensors, JAX arrays), imported without a copy.
+  nb::ndarray<nb::ro, nb::device::cpu> array;
+  if (!nb::try_cast(object, array)) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': a {} is neither a buffer nor a CPU DLPack tensor", name,
+                    nb::type_name(object.type()).c_str()));
+  }
+  const nb::dlpack::dtype dl = array.dtype();
+  FERRY_ASSIGN_OR_RETURN(DType dtype, DTypeFromDLPack(dl.code, dl.bits, dl.lanes));
+  Dims dims(array.ndim()), strides(array.ndim());
+  for (size_t i = 0; i < array.ndim(); ++i) {
+    dims[i] = static_cast<int64_t>(array.shape(i));
+    strides[i] = array.stride(i) * DTypeSize(dtype);
+  }
+  HostView view(array.data(), dtype, std::move(dims), std::move(strides));
+  FERRY_RETURN_IF_ERROR(ApplyOverride(view, dtype_override, name));
+  return BorrowFrom(std::move(view), MakeKeepAlive(std::make_unique<HeldNdarray>(std::move(array))),
+                    std::move(name));
+}
+
+}  // namespace ferry::python

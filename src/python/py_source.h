@@ -1,0 +1,28 @@
+// Python objects as TensorSources: buffer-protocol objects (numpy arrays, memoryviews, bytes...)
+// read through their real byte strides, and DLPack producers (torch, JAX) imported without a copy.
+// The source holds the Python object through a PyHeld keep-alive (gil.h), so it is released under
+// the GIL whichever thread drops it.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ferry/core/dtype.h"
+#include "ferry/core/status.h"
+#include "ferry/runtime/tensor_source.h"
+
+namespace ferry::python {
+
+// Requires the GIL. `dtype_override` reinterprets the elements (same size) as another dtype:
+// the Python layer passes a uint16 view of an ml_dtypes.bfloat16 array with kBF16, for example.
+StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nanobind::handle object,
+                                                               std::optional<DType> dtype_override,
+                                                               std::string name);
+
+// The dtype of a Python buffer-protocol format string ("f", "<d", "Zf", "?"), or InvalidArgument.
+StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize);
+
+}  // namespace ferry::python
