@@ -51,15 +51,18 @@ struct DTypeInfo {
   DType dtype;
   DTypeKind kind;
   int64_t size_bytes;
-  std::string_view name;              // canonical: "float32"
-  std::string_view numpy_descr;       // little-endian numpy descr: "<f4"; "|b1" for bool
-  std::string_view safetensors_name;  // "F32"
+  std::string_view name;  // canonical: "float32"
+  // Spellings in other formats; empty where the format has none (docs/conversions.md).
+  std::string_view numpy_descr;       // little-endian numpy descr: "<f4"; "|b1" for bool;
+                                      // empty for bfloat16 and the float8 types
+  std::string_view safetensors_name;  // "F32"; empty for complex128
   uint8_t dlpack_code;
   uint8_t dlpack_bits;
   bool storage_only;  // f8 types: no conversion to or from other dtypes
 };
 
-// The static description of `dtype`. Valid for the life of the program.
+// The static description of `dtype`. Valid for the life of the program. A value outside the
+// enum gets a row named "invalid" (storage-only, no spellings) instead of undefined behaviour.
 const DTypeInfo& GetDTypeInfo(DType dtype);
 
 inline int64_t DTypeSize(DType dtype) { return GetDTypeInfo(dtype).size_bytes; }
@@ -70,15 +73,17 @@ absl::Span<const DType> AllDTypes();
 
 // Look-ups from each format's spelling. Unknown spellings are InvalidArgument naming them.
 StatusOr<DType> DTypeFromName(std::string_view name);
-// Accepts '<', '|' and '=' byte orders (this library is little-endian only); '>' is handled by
-// the file readers, which byte-swap.
+// Accepts '<', '|' and '=' byte orders (this library is little-endian only). A '>' descr of a
+// multi-byte type is InvalidArgument: the file readers byte-swap such data and look up the '<'
+// descr. One-byte types have no byte order, so every mark (even '>') is accepted for them.
 StatusOr<DType> DTypeFromNumpyDescr(std::string_view descr);
 StatusOr<DType> DTypeFromSafetensorsName(std::string_view name);
 StatusOr<DType> DTypeFromDLPack(uint8_t code, uint8_t bits, uint16_t lanes);
 
 // OK when elements of `from` can be converted to `to` (see docs/conversions.md):
 // same dtype always; storage-only types only to themselves (Unimplemented otherwise);
-// complex to a real type is InvalidArgument; everything else is defined.
+// complex to a real type other than bool is InvalidArgument; a value outside the enum is
+// InvalidArgument; everything else is defined.
 Status CheckConvertible(DType from, DType to);
 
 }  // namespace ferry
