@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README and CI run it: installs what it needs, builds, then runs the
-# C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder).
+# C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder), then builds and
+# installs the Python package into .venv and runs its pytest suite.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -28,5 +29,11 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_ctest asan -LE 
 echo "=== build (tsan) ==="
 scripts/build.sh tsan
 TSAN_OPTIONS=halt_on_error=1 run_ctest tsan -LE exhaustive
+
+echo "=== Python package (pip install . into .venv) and pytest ==="
+python=$("$root/scripts/python_env.sh" | tail -n 1)
+CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$python" -m pip install -q --no-build-isolation \
+  --no-deps --disable-pip-version-check "$root"
+(cd "$root/tests/python" && "$python" -m pytest -q -p no:cacheprovider)
 
 echo "=== all test suites passed ==="

@@ -40,11 +40,11 @@ using OnDoneWithHostBuffer = absl::AnyInvocable<void() &&>;
 
 // What a device can hold.
 struct DeviceCapabilities {
-  std::bitset<kNumDTypes> dtypes;  // the dtypes a buffer may have on the device
+  std::bitset<kNumDTypes> dtypes{};  // the dtypes a buffer may have on the device
   // Bytes of device memory buffers may occupy together; nullopt means unlimited.
-  std::optional<int64_t> memory_limit_bytes;
+  std::optional<int64_t> memory_limit_bytes = std::nullopt;
   // The largest single buffer; nullopt means no limit beyond memory_limit_bytes.
-  std::optional<int64_t> max_buffer_bytes;
+  std::optional<int64_t> max_buffer_bytes = std::nullopt;
 
   bool Holds(DType dtype) const { return dtypes.test(static_cast<size_t>(dtype)); }
   // Every dtype.

@@ -17,12 +17,12 @@ namespace ferry {
 struct ClientOptions {
   // Number of devices, for backends that can present several (host). nullopt: the backend's
   // default (host: 1, or the FERRY_HOST_DEVICES environment variable).
-  std::optional<int> num_devices;
+  std::optional<int> num_devices = std::nullopt;
   // Overrides the capability profile the backend would report (host only). Without it the host
   // backend holds every dtype, with the memory limit of FERRY_HOST_MEMORY_LIMIT (bytes) if set.
-  std::optional<DeviceCapabilities> capabilities;
+  std::optional<DeviceCapabilities> capabilities = std::nullopt;
   // Worker threads of the backend's transfer engine; nullopt: the number of cores.
-  std::optional<int> num_worker_threads;
+  std::optional<int> num_worker_threads = std::nullopt;
 };
 
 // Creates a client. The caller owns it. Returns Unavailable (with the reason) for a backend that

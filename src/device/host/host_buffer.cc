@@ -57,13 +57,14 @@ HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
       engine_(std::move(engine)) {}
 
 HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims, const void* aliased,
-                       OnDoneWithHostBuffer on_done)
+                       OnDoneWithHostBuffer on_done, std::weak_ptr<TransferEngine> engine)
     : device_(device),
       device_dtype_(device_dtype),
       dims_(std::move(dims)),
       aliased_(aliased),
       on_alias_done_(std::move(on_done)),
-      ready_(Future<>::Ready(OkStatus())) {}
+      ready_(Future<>::Ready(OkStatus())),
+      engine_(std::move(engine)) {}
 
 HostBuffer::~HostBuffer() {
   // An alias read the caller's memory until now: this is when ferry is done with it.
@@ -102,18 +103,17 @@ Future<> HostBuffer::ToHost(const MutableHostView& dst) {
   const bool small =
       plan->num_elements() * DTypeSize(device_dtype_) <= HostClient::kInlineCopyBytes;
   ready_.OnReady([promise, plan = *std::move(plan), engine = engine_, allocation = allocation_,
-                  is_alias = is_alias(), small](const Status& ready) mutable {
+                  small](const Status& ready) mutable {
     if (!ready.ok()) {
       promise.Set(ready);
       return;
     }
-    // An alias reads caller memory that the caller keeps alive; no engine needed.
     std::shared_ptr<TransferEngine> running = engine.lock();
-    if (!running && !is_alias) {
+    if (!running) {
       promise.Set(FailedPreconditionError("ToHost: the buffer's host client has been destroyed"));
       return;
     }
-    if (small || !running) {
+    if (small) {
       plan.CopyAll();
       promise.Set(OkStatus());
       return;

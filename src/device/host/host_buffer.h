@@ -62,7 +62,7 @@ class HostBuffer final : public Buffer {
              std::weak_ptr<TransferEngine> engine);
   // A buffer aliasing caller memory (zero-copy); `on_done` runs when the buffer is destroyed.
   HostBuffer(HostDevice* device, DType device_dtype, Dims dims, const void* aliased,
-             OnDoneWithHostBuffer on_done);
+             OnDoneWithHostBuffer on_done, std::weak_ptr<TransferEngine> engine);
   ~HostBuffer() override;
 
   Device* device() const override;

@@ -82,7 +82,7 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
     if (aliasable) {
       metrics::ZeroCopyAliases()->Add();
       return std::unique_ptr<Buffer>(
-          new HostBuffer(host_device, device_dtype, src.dims, src.data, std::move(on_done)));
+          new HostBuffer(host_device, device_dtype, src.dims, src.data, std::move(on_done), engine_));
     }
     metrics::ZeroCopyFallbacks()->Add();
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
@@ -136,7 +136,11 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
   auto buffer = make_buffer();
   FERRY_RETURN_IF_ERROR(engine_->Submit(
       std::move(plan), [ready, on_done = std::move(on_done), allocation](Status status) mutable {
-        if (on_done) std::move(on_done)();
+        if (on_done) {
+          // Destroy the callback, and what it captured (the source's keep-alive), before Ready.
+          OnDoneWithHostBuffer release = std::move(on_done);
+          std::move(release)();
+        }
         ready.Set(std::move(status));
       }));
   return buffer;
