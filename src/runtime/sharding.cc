@@ -1,0 +1,285 @@
+#include "ferry/runtime/sharding.h"
+
+#include <algorithm>
+#include <set>
+
+#include "ferry/core/metrics.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+
+namespace ferry {
+
+StatusOr<Mesh> Mesh::Create(std::vector<Device*> devices, std::vector<int64_t> shape,
+                            std::vector<std::string> axis_names) {
+  if (shape.size() != axis_names.size()) {
+    return InvalidArgumentError(fmt::format("mesh shape [{}] has {} axes but {} axis names",
+                                            fmt::join(shape, ", "), shape.size(),
+                                            axis_names.size()));
+  }
+  int64_t count = 1;
+  for (int64_t size : shape) {
+    if (size < 1) {
+      return InvalidArgumentError(
+          fmt::format("mesh shape [{}] has an axis smaller than 1", fmt::join(shape, ", ")));
+    }
+    count *= size;
+  }
+  if (count != static_cast<int64_t>(devices.size())) {
+    return InvalidArgumentError(fmt::format("mesh shape [{}] needs {} devices, got {}",
+                                            fmt::join(shape, ", "), count, devices.size()));
+  }
+  std::set<std::string> names;
+  for (const std::string& name : axis_names) {
+    if (name.empty() || !names.insert(name).second) {
+      return InvalidArgumentError(fmt::format("mesh axis names [{}] must be non-empty and unique",
+                                              fmt::join(axis_names, ", ")));
+    }
+  }
+  std::set<Device*> seen;
+  for (Device* device : devices) {
+    if (device == nullptr) return InvalidArgumentError("a mesh device is null");
+    if (!seen.insert(device).second) {
+      return InvalidArgumentError(
+          fmt::format("device {} appears twice in the mesh", device->name()));
+    }
+  }
+  Mesh mesh;
+  mesh.devices_ = std::move(devices);
+  mesh.shape_ = std::move(shape);
+  mesh.axis_names_ = std::move(axis_names);
+  return mesh;
+}
+
+std::optional<int> Mesh::AxisIndex(std::string_view name) const {
+  for (size_t i = 0; i < axis_names_.size(); ++i) {
+    if (axis_names_[i] == name) return static_cast<int>(i);
+  }
+  return std::nullopt;
+}
+
+std::vector<int64_t> Mesh::Coordinates(int64_t device_position) const {
+  std::vector<int64_t> coordinates(shape_.size());
+  for (size_t axis = shape_.size(); axis-- > 0;) {
+    coordinates[axis] = device_position % shape_[axis];
+    device_position /= shape_[axis];
+  }
+  return coordinates;
+}
+
+StatusOr<Sharding> Sharding::Create(Mesh mesh, std::vector<std::vector<std::string>> spec) {
+  Sharding sharding;
+  std::set<int> used;
+  for (size_t dim = 0; dim < spec.size(); ++dim) {
+    std::vector<int> axes;
+    for (const std::string& name : spec[dim]) {
+      std::optional<int> axis = mesh.AxisIndex(name);
+      if (!axis.has_value()) {
+        return InvalidArgumentError(
+            fmt::format("sharding names mesh axis '{}' for dim {}, but the mesh's axes are [{}]",
+                        name, dim, fmt::join(mesh.axis_names(), ", ")));
+      }
+      if (!used.insert(*axis).second) {
+        return InvalidArgumentError(
+            fmt::format("sharding uses mesh axis '{}' more than once", name));
+      }
+      axes.push_back(*axis);
+    }
+    sharding.spec_axes_.push_back(std::move(axes));
+  }
+  sharding.mesh_ = std::move(mesh);
+  sharding.spec_ = std::move(spec);
+  return sharding;
+}
+
+StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
+    absl::Span<const int64_t> global_dims) const {
+  if (global_dims.size() != spec_.size()) {
+    return InvalidArgumentError(
+        fmt::format("sharding spec has {} entries but the tensor has rank {}", spec_.size(),
+                    global_dims.size()));
+  }
+  std::vector<ShardIndex> indices;
+  indices.reserve(mesh_.size());
+  for (int64_t position = 0; position < mesh_.size(); ++position) {
+    const std::vector<int64_t> coordinates = mesh_.Coordinates(position);
+    ShardIndex index(global_dims.size());
+    for (size_t dim = 0; dim < global_dims.size(); ++dim) {
+      const int64_t n = global_dims[dim];
+      if (n < 0) return InvalidArgumentError(fmt::format("dim {} is negative ({})", dim, n));
+      int64_t ways = 1;
+      int64_t shard = 0;
+      for (int axis : spec_axes_[dim]) {  // major to minor
+        shard = shard * mesh_.shape()[axis] + coordinates[axis];
+        ways *= mesh_.shape()[axis];
+      }
+      const int64_t chunk = (n + ways - 1) / ways;
+      const int64_t begin = std::min(shard * chunk, n);
+      index[dim] = DimRange{begin, std::min(begin + chunk, n)};
+    }
+    indices.push_back(std::move(index));
+  }
+  return indices;
+}
+
+namespace {
+
+template <typename View>
+View SubViewImpl(const View& view, const ShardIndex& index) {
+  View sub = view;
+  int64_t offset = 0;
+  bool empty = false;
+  for (size_t dim = 0; dim < index.size(); ++dim) {
+    sub.dims[dim] = index[dim].size();
+    empty |= sub.dims[dim] == 0;
+    offset += index[dim].begin * view.byte_strides[dim];
+  }
+  // An empty shard addresses nothing: keep the original pointer rather than one past the end.
+  if (!empty) {
+    using Byte = std::conditional_t<std::is_same_v<View, HostView>, const std::byte, std::byte>;
+    sub.data = static_cast<Byte*>(view.data) + offset;
+  }
+  return sub;
+}
+
+Status CheckOptions(const TransferToDeviceOptions& options) {
+  if (options.device_dtypes.size() > 1) {
+    return InvalidArgumentError("sharded transfers take at most one device dtype");
+  }
+  return OkStatus();
+}
+
+// Sends `sources[i]` to mesh device i; all or nothing.
+StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const Sharding& sharding,
+                                    std::vector<ShardIndex> indices, DType logical_dtype,
+                                    absl::Span<const std::shared_ptr<const TensorSource>> sources,
+                                    const TransferToDeviceOptions& options) {
+  FERRY_RETURN_IF_ERROR(CheckOptions(options));
+  std::vector<DataPtr> shards;
+  shards.reserve(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> data,
+                           TransferToDevice({sources[i]}, sharding.mesh().devices()[i], options));
+    shards.push_back(std::move(data[0]));
+  }
+  return std::make_shared<ShardedData>(sharding, Dims(global_dims.begin(), global_dims.end()),
+                                       logical_dtype, std::move(indices), std::move(shards));
+}
+
+}  // namespace
+
+HostView SubView(const HostView& view, const ShardIndex& index) { return SubViewImpl(view, index); }
+MutableHostView SubView(const MutableHostView& view, const ShardIndex& index) {
+  return SubViewImpl(view, index);
+}
+
+StatusOr<ShardedDataPtr> TransferShardsToDevice(std::shared_ptr<const TensorSource> source,
+                                                const Sharding& sharding,
+                                                const TransferToDeviceOptions& options) {
+  if (source == nullptr) return InvalidArgumentError("TransferShardsToDevice: null source");
+  const HostView& view = source->view();
+  FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(view.dims));
+  FERRY_ASSIGN_OR_RETURN(AddressedBytes addressed, view.ComputeAddressedBytes(source->name()));
+  const auto* region = static_cast<const std::byte*>(view.data) + addressed.begin;
+  std::vector<std::shared_ptr<const TensorSource>> shard_sources;
+  shard_sources.reserve(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    // Each shard borrows the source's memory and keeps the source itself alive: the source goes
+    // when the last shard's transfer drops its reference.
+    FERRY_ASSIGN_OR_RETURN(
+        auto shard_source,
+        TensorSource::Borrow(SubView(view, indices[i]), region, addressed.end - addressed.begin,
+                             source, fmt::format("{}[shard {}]", source->name(), i)));
+    shard_sources.push_back(std::move(shard_source));
+  }
+  const DType dtype = view.dtype;
+  source.reset();
+  return SendShards(view.dims, sharding, std::move(indices), dtype, shard_sources, options);
+}
+
+StatusOr<ShardedDataPtr> MakeArrayFromShards(
+    absl::Span<const int64_t> global_dims, const Sharding& sharding,
+    absl::Span<const std::shared_ptr<const TensorSource>> per_device_sources,
+    const TransferToDeviceOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(global_dims));
+  if (per_device_sources.size() != indices.size()) {
+    return InvalidArgumentError(fmt::format("the mesh has {} devices but {} shards were given",
+                                            indices.size(), per_device_sources.size()));
+  }
+  std::optional<DType> dtype;
+  for (size_t i = 0; i < indices.size(); ++i) {
+    const std::shared_ptr<const TensorSource>& shard = per_device_sources[i];
+    if (shard == nullptr) return InvalidArgumentError(fmt::format("shard {} is null", i));
+    Dims expected;
+    for (const DimRange& range : indices[i]) expected.push_back(range.size());
+    if (shard->view().dims != expected) {
+      return InvalidArgumentError(
+          fmt::format("shard {} ('{}') has dims [{}] but its index needs [{}]", i, shard->name(),
+                      fmt::join(shard->view().dims, ", "), fmt::join(expected, ", ")));
+    }
+    if (dtype.has_value() && shard->view().dtype != *dtype) {
+      return InvalidArgumentError(fmt::format("shard {} is {} but shard 0 is {}", i,
+                                              DTypeName(shard->view().dtype), DTypeName(*dtype)));
+    }
+    dtype = shard->view().dtype;
+  }
+  return SendShards(global_dims, sharding, std::move(indices), dtype.value_or(DType::kF32),
+                    per_device_sources, options);
+}
+
+StatusOr<ShardedDataPtr> MakeArrayFromCallback(absl::Span<const int64_t> global_dims,
+                                               const Sharding& sharding,
+                                               const ShardSourceCallback& shard_source,
+                                               const TransferToDeviceOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(global_dims));
+  std::vector<std::shared_ptr<const TensorSource>> sources;
+  sources.reserve(indices.size());
+  for (const ShardIndex& index : indices) {
+    FERRY_ASSIGN_OR_RETURN(auto source, shard_source(index));
+    sources.push_back(std::move(source));
+  }
+  return MakeArrayFromShards(global_dims, sharding, sources, options);
+}
+
+StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> tensors, TransferFromDevice(data.shards()));
+  std::vector<LocalShard> shards;
+  shards.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    shards.push_back(
+        LocalShard{data.shards()[i]->device(), data.indices()[i], std::move(tensors[i])});
+  }
+  return shards;
+}
+
+StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
+  ScopedTimer timer(metrics::TransferFromDeviceTime());
+  FERRY_ASSIGN_OR_RETURN(HostTensor whole,
+                         HostTensor::Allocate(data.logical_dtype(), data.global_dims()));
+  const MutableHostView whole_view = whole.mutable_view();
+  std::vector<Future<>> reads;
+  std::vector<size_t> read_shards;
+  std::vector<ShardIndex> done;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    const ShardIndex& index = data.indices()[i];
+    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
+    done.push_back(index);
+    reads.push_back(data.shards()[i]->buffer().ToHost(SubView(whole_view, index)));
+    read_shards.push_back(i);
+  }
+  // Wait for every read, even after an error: they all write into `whole`.
+  Status first_error;
+  for (size_t r = 0; r < reads.size(); ++r) {
+    const Status& status = reads[r].Await();
+    if (!status.ok() && first_error.ok()) {
+      first_error =
+          Status(status.code(),
+                 fmt::format("assembling shard {} ('{}'): {}", read_shards[r],
+                             data.shards()[read_shards[r]]->name(), std::string(status.message())));
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  metrics::InboundData()->AddSample(static_cast<double>(whole.size_bytes()));
+  return whole;
+}
+
+}  // namespace ferry

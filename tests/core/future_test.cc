@@ -1,0 +1,183 @@
+#include "ferry/core/future.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ferry {
+namespace {
+
+TEST(FutureTest, on_ready_runs_inline_when_already_ready) {
+  Future<int> future = Future<int>::Ready(42);
+  ASSERT_TRUE(future.IsReady());
+  int calls = 0;
+  std::thread::id callback_thread;
+  future.OnReady([&](const StatusOr<int>& value) {
+    ++calls;
+    callback_thread = std::this_thread::get_id();
+    EXPECT_EQ(*value, 42);
+  });
+  // Inline: it has already run when OnReady returns, on this thread.
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(callback_thread, std::this_thread::get_id());
+}
+
+TEST(FutureTest, on_ready_runs_once_on_the_setting_thread) {
+  Promise<int> promise;
+  Future<int> future = promise.future();
+  EXPECT_FALSE(future.IsReady());
+  std::atomic<int> calls{0};
+  std::thread::id callback_thread;
+  std::thread::id setter_thread;
+  future.OnReady([&](const StatusOr<int>& value) {
+    calls.fetch_add(1);
+    callback_thread = std::this_thread::get_id();
+    EXPECT_EQ(*value, 7);
+  });
+  EXPECT_EQ(calls.load(), 0);
+  std::thread setter([&] {
+    setter_thread = std::this_thread::get_id();
+    promise.Set(7);
+    promise.Set(8);  // ignored: must not run the callback again
+  });
+  setter.join();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(callback_thread, setter_thread);
+  EXPECT_NE(callback_thread, std::this_thread::get_id());
+}
+
+TEST(FutureTest, second_set_is_ignored) {
+  Promise<> promise;
+  promise.Set(InvalidArgumentError("first"));
+  promise.Set(OkStatus());
+  promise.Set(InternalError("third"));
+  const Status& status = promise.future().Await();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "first");
+
+  Promise<std::string> value_promise;
+  value_promise.Set(std::string("kept"));
+  value_promise.Set(std::string("dropped"));
+  EXPECT_EQ(*value_promise.future().Await(), "kept");
+}
+
+TEST(FutureTest, every_callback_runs_exactly_once_with_many_registrations) {
+  Promise<> promise;
+  Future<> future = promise.future();
+  constexpr int kCallbacks = 50;
+  std::vector<int> calls(kCallbacks, 0);
+  for (int i = 0; i < kCallbacks; ++i) {
+    future.OnReady([&calls, i](const Status&) { ++calls[i]; });
+  }
+  promise.Set(OkStatus());
+  future.OnReady([&calls](const Status&) { ++calls[0]; });  // late: inline
+  EXPECT_EQ(calls[0], 2);
+  for (int i = 1; i < kCallbacks; ++i) EXPECT_EQ(calls[i], 1) << "callback " << i;
+}
+
+TEST(FutureTest, await_from_several_threads_sees_the_value) {
+  Promise<int> promise;
+  Future<int> future = promise.future();
+  constexpr int kWaiters = 8;
+  std::atomic<int> started{0};
+  std::vector<int> seen(kWaiters, 0);
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.emplace_back([&, i] {
+      started.fetch_add(1);
+      const StatusOr<int>& value = future.Await();
+      seen[i] = value.ok() ? *value : -1;
+    });
+  }
+  while (started.load() < kWaiters) std::this_thread::yield();
+  promise.Set(1234);
+  for (std::thread& waiter : waiters) waiter.join();
+  for (int i = 0; i < kWaiters; ++i) EXPECT_EQ(seen[i], 1234) << "waiter " << i;
+}
+
+TEST(FutureTest, await_returns_the_error) {
+  Promise<int> promise;
+  std::thread setter([&] { promise.Set(absl::NotFoundError("no such tensor")); });
+  const StatusOr<int>& value = promise.future().Await();
+  setter.join();
+  ASSERT_FALSE(value.ok());
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(FutureTest, join_of_nothing_is_ready_and_ok) {
+  Future<> joined = JoinFutures({});
+  ASSERT_TRUE(joined.valid());
+  EXPECT_TRUE(joined.IsReady());
+  EXPECT_TRUE(joined.Await().ok());
+}
+
+TEST(FutureTest, join_waits_for_all) {
+  std::vector<Promise<>> promises(3);
+  std::vector<Future<>> futures;
+  for (const Promise<>& promise : promises) futures.push_back(promise.future());
+  Future<> joined = JoinFutures(futures);
+  promises[2].Set(OkStatus());
+  promises[0].Set(OkStatus());
+  EXPECT_FALSE(joined.IsReady());
+  promises[1].Set(OkStatus());
+  EXPECT_TRUE(joined.IsReady());
+  EXPECT_TRUE(joined.Await().ok());
+}
+
+TEST(FutureTest, join_reports_the_first_error_in_argument_order) {
+  std::vector<Promise<>> promises(4);
+  std::vector<Future<>> futures;
+  for (const Promise<>& promise : promises) futures.push_back(promise.future());
+  Future<> joined = JoinFutures(futures);
+  // The later argument fails first in time; the earlier argument's error must still win.
+  promises[3].Set(InternalError("error of future 3"));
+  promises[0].Set(OkStatus());
+  promises[1].Set(absl::DataLossError("error of future 1"));
+  EXPECT_FALSE(joined.IsReady());
+  promises[2].Set(OkStatus());
+  const Status& status = joined.Await();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(status.message(), "error of future 1");
+}
+
+TEST(FutureTest, join_of_already_ready_futures_is_ready_at_once) {
+  std::vector<Future<>> futures = {Future<>::Ready(OkStatus()),
+                                   Future<>::Ready(absl::AbortedError("aborted")),
+                                   Future<>::Ready(CancelledError("cancelled"))};
+  Future<> joined = JoinFutures(futures);
+  EXPECT_TRUE(joined.IsReady());
+  EXPECT_EQ(joined.Await().code(), absl::StatusCode::kAborted);
+}
+
+TEST(FutureTest, join_completes_when_set_from_many_threads) {
+  constexpr int kFutures = 64;
+  std::vector<Promise<>> promises(kFutures);
+  std::vector<Future<>> futures;
+  for (const Promise<>& promise : promises) futures.push_back(promise.future());
+  Future<> joined = JoinFutures(futures);
+  std::vector<std::thread> setters;
+  for (int t = 0; t < 4; ++t) {
+    setters.emplace_back([&, t] {
+      for (int i = t; i < kFutures; i += 4) {
+        promises[i].Set(i == 40 ? OutOfRangeError("forty") : OkStatus());
+      }
+    });
+  }
+  const Status& status = joined.Await();
+  for (std::thread& setter : setters) setter.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(status.message(), "forty");
+}
+
+TEST(FutureTest, join_reports_an_invalid_future_instead_of_hanging) {
+  std::vector<Future<>> futures = {Future<>::Ready(OkStatus()), Future<>()};
+  Future<> joined = JoinFutures(futures);
+  ASSERT_TRUE(joined.IsReady());
+  EXPECT_EQ(joined.Await().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry
