@@ -6,7 +6,8 @@ their source alive exactly as long as they read it, and no GIL deadlocks. See do
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -22,6 +23,9 @@ __all__ = [
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
+    "Mesh",
+    "Shard",
+    "Sharding",
     "NotFoundError",
     "OutOfRangeError",
     "ResourceExhaustedError",
@@ -32,6 +36,8 @@ __all__ = [
     "device_put",
     "devices",
     "from_dlpack",
+    "make_array_from_callback",
+    "make_array_from_shards",
     "metrics",
     "metrics_report",
     "reset_metrics",
@@ -147,6 +153,70 @@ def _prepare(x: Any) -> tuple[Any, str | None]:
     return x, None
 
 
+class Mesh:
+    """Devices in an n-d grid with named axes; `devices` are listed in row-major grid order."""
+
+    def __init__(self, devices: Sequence[Device | str], shape: Sequence[int], axis_names: Sequence[str]):
+        resolved = [_resolve_device(d) for d in devices]
+        self._mesh = _ferry._Mesh(resolved, [int(n) for n in shape], [str(a) for a in axis_names])
+
+    @property
+    def devices(self) -> list[Device]:
+        return list(self._mesh.devices)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._mesh.shape)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self._mesh.axis_names)
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{a}={n}" for a, n in zip(self.axis_names, self.shape))
+        return f"ferry.Mesh({axes})"
+
+
+class Sharding:
+    """How a tensor is split over a Mesh: one spec entry per tensor dim, each a mesh axis name, a
+    tuple of names (split over all of them, major to minor) or None (replicated). Mesh axes no
+    entry names replicate the tensor over them."""
+
+    def __init__(self, mesh: Mesh, spec: Sequence[str | Sequence[str] | None]):
+        if not isinstance(mesh, Mesh):
+            raise InvalidArgumentError(f"Sharding needs a ferry.Mesh, not {type(mesh).__name__}")
+        entries = []
+        for entry in spec:
+            if entry is None:
+                entries.append([])
+            elif isinstance(entry, str):
+                entries.append([entry])
+            else:
+                entries.append([str(name) for name in entry])
+        self.mesh = mesh
+        self.spec = tuple(spec)
+        self._sharding = _ferry._Sharding(mesh._mesh, entries)
+
+    def shard_indices(self, shape: Sequence[int]) -> list[tuple[slice, ...]]:
+        """Each mesh device's index (a tuple of slices) into a tensor of `shape`, in mesh order."""
+        return [
+            tuple(slice(begin, end) for begin, end in ranges)
+            for ranges in self._sharding.shard_indices([int(n) for n in shape])
+        ]
+
+    def __repr__(self) -> str:
+        return f"ferry.Sharding({self.mesh!r}, spec={self.spec!r})"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One mesh device's part of a sharded Array, read back to the host."""
+
+    device: Device
+    index: tuple[slice, ...]
+    data: np.ndarray
+
+
 Array = _ferry.Array
 
 
@@ -193,6 +263,23 @@ def _array_dlpack_device(self: Array) -> tuple[int, int]:
     return (1, 0)  # kDLCPU
 
 
+def _array_local_shards(self: Array) -> list[Shard]:
+    """Every shard (one per mesh device, in mesh order) read back; all reads start before any wait."""
+    logical = _NUMPY_DTYPES[self._dtype_name]
+    shards = []
+    for device, ranges, data in self._local_shards():
+        if data.dtype != logical:
+            data = data.view(logical)
+        shards.append(Shard(device, tuple(slice(b, e) for b, e in ranges), data))
+    return shards
+
+
+def _array_sharding(self: Array) -> Sharding | None:
+    return getattr(self, "_python_sharding", None) if self._is_sharded else None
+
+
+Array.local_shards = _array_local_shards
+Array.sharding = property(_array_sharding)
 Array.dtype = property(_array_dtype)
 Array.to_numpy = _array_to_numpy
 Array.block_until_ready = _array_block_until_ready
@@ -214,7 +301,7 @@ def device(name: str) -> Device:
 
 def device_put(
     x: Any,
-    device: Device | str | None = None,
+    device: Device | str | Sharding | None = None,
     *,
     device_dtype: Any = None,
     semantics: str = "copy",
@@ -222,7 +309,8 @@ def device_put(
     """Puts `x` (or each item of a list/tuple, in one batched call) on `device`.
 
     `x` is a numpy array, a buffer-protocol object or a DLPack producer (a torch tensor, a JAX
-    array). `device_dtype` asks the device to store another type; the result keeps `x`'s dtype as
+    array). `device` may be a Sharding: then each mesh device gets its shard, sent from a strided
+    view of `x` (no host copy). `device_dtype` asks the device to store another type; the result keeps `x`'s dtype as
     its logical dtype. `semantics` is "copy" (the default: `x` has been read when this returns),
     "async" (returns at once; ferry holds `x` until it has read it; do not change `x` meanwhile) or
     "zero_copy" (the host device may alias `x` for the array's life; otherwise as "async").
@@ -237,8 +325,53 @@ def device_put(
         objects.append(obj)
         overrides.append(override)
     name = None if device_dtype is None else _dtype_name(device_dtype)
+    if isinstance(device, Sharding):
+        if batched:
+            raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
+        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, name, semantics)
+        return _with_sharding(array, device)
     arrays = _ferry.put(objects, overrides, _resolve_device(device), name, semantics)
     return arrays if batched else arrays[0]
+
+
+def _with_sharding(array: Array, sharding: Sharding) -> Array:
+    array._python_sharding = sharding
+    return array
+
+
+def make_array_from_shards(
+    shape: Sequence[int],
+    sharding: Sharding,
+    arrays: Sequence[Any],
+    *,
+    device_dtype: Any = None,
+    semantics: str = "copy",
+) -> Array:
+    """A sharded Array from one host array per mesh device (in mesh order), each of exactly its
+    shard's shape (see Sharding.shard_indices)."""
+    if semantics not in _SEMANTICS:
+        raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
+    prepared = [_prepare(a) for a in arrays]
+    name = None if device_dtype is None else _dtype_name(device_dtype)
+    array = _ferry.make_from_shards(
+        [int(n) for n in shape], sharding._sharding, [p[0] for p in prepared],
+        [p[1] for p in prepared], name, semantics)
+    return _with_sharding(array, sharding)
+
+
+def make_array_from_callback(
+    shape: Sequence[int],
+    sharding: Sharding,
+    callback: Callable[[tuple[slice, ...]], Any],
+    *,
+    device_dtype: Any = None,
+    semantics: str = "copy",
+) -> Array:
+    """A sharded Array whose shards come from `callback(index)` (a tuple of slices), called once
+    per mesh device in mesh order: e.g. to load a checkpoint shard by shard."""
+    shards = [callback(index) for index in sharding.shard_indices(shape)]
+    return make_array_from_shards(shape, sharding, shards, device_dtype=device_dtype,
+                                  semantics=semantics)
 
 
 def device_get(x: Array | Sequence[Array]) -> np.ndarray | list[np.ndarray]:

@@ -5,7 +5,11 @@ import textwrap
 
 import pytest
 
-import ferry
+# The host backend presents this many devices (read when ferry first creates its host client), so
+# that sharding runs over real multi-device meshes.
+os.environ.setdefault("FERRY_HOST_DEVICES", "8")
+
+import ferry  # noqa: E402
 
 
 def _device_names():

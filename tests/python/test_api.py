@@ -11,7 +11,7 @@ import ferry
 
 def test_devices_and_device_lookup():
     devices = ferry.devices("host")
-    assert [d.name for d in devices] == ["host:0"]
+    assert [d.name for d in devices] == [f"host:{i}" for i in range(8)]  # FERRY_HOST_DEVICES
     host = ferry.device("host:0")
     assert host == devices[0]
     assert host.backend == "host" and host.index == 0
@@ -22,7 +22,7 @@ def test_devices_and_device_lookup():
 
 def test_unknown_devices_raise_matching_errors():
     with pytest.raises(ferry.NotFoundError):
-        ferry.device("host:7")
+        ferry.device("host:8")
     with pytest.raises(ferry.NotFoundError):
         ferry.devices("tpu")
     with pytest.raises(ferry.InvalidArgumentError):
