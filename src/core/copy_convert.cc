@@ -1,5 +1,6 @@
 #include "ferry/core/copy_convert.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "fmt/format.h"
@@ -47,6 +48,17 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
     plan.dst_strides_.push_back(DTypeSize(dst.dtype));
   }
   plan.row_elements_ = plan.num_elements_ == 0 ? 1 : plan.dims_.back();
+  // Tiles pay off when rows are read with a large source stride while the dim above them is
+  // nearly contiguous in the source (a transpose): then group as many rows as share a cache line.
+  const size_t rank = plan.dims_.size();
+  if (rank >= 2) {
+    const int64_t inner_stride = std::abs(plan.src_strides_[rank - 1]);
+    const int64_t outer_stride = std::abs(plan.src_strides_[rank - 2]);
+    if (inner_stride >= kCacheLineBytes && outer_stride < inner_stride &&
+        outer_stride < kCacheLineBytes && outer_stride > 0) {
+      plan.tile_rows_ = std::min<int64_t>(kCacheLineBytes / outer_stride, plan.dims_[rank - 2]);
+    }
+  }
   plan.is_contiguous_ = plan.dims_.size() == 1 && plan.src_strides_[0] == DTypeSize(src.dtype) &&
                         plan.dst_strides_[0] == DTypeSize(dst.dtype);
   return plan;
@@ -74,15 +86,7 @@ void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
     dst_row += index[d] * dst_strides_[d];
   }
 
-  int64_t remaining = end - begin;
-  while (true) {
-    const int64_t count = std::min(row - column, remaining);
-    kernel_(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
-            dst_step, count);
-    remaining -= count;
-    if (remaining == 0) return;
-    column = 0;
-    // Advance the odometer over the outer dims.
+  auto advance_row = [&] {  // the odometer over the outer dims
     for (size_t d = rank - 1; d-- > 0;) {
       src_row += src_strides_[d];
       dst_row += dst_strides_[d];
@@ -90,6 +94,45 @@ void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
       src_row -= dims_[d] * src_strides_[d];
       dst_row -= dims_[d] * dst_strides_[d];
       index[d] = 0;
+    }
+  };
+
+  int64_t remaining = end - begin;
+  while (true) {
+    if (tile_rows_ > 1 && column == 0 && remaining >= tile_rows_ * row &&
+        index[rank - 2] + tile_rows_ <= dims_[rank - 2]) {
+      CopyTile(src_row, dst_row);
+      remaining -= tile_rows_ * row;
+      if (remaining == 0) return;
+      for (int64_t i = 0; i < tile_rows_; ++i) advance_row();
+      continue;
+    }
+    const int64_t count = std::min(row - column, remaining);
+    kernel_(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
+            dst_step, count);
+    remaining -= count;
+    if (remaining == 0) return;
+    column = 0;
+    advance_row();
+  }
+}
+
+void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
+  // tile_rows_ rows that lie next to each other in the source (their dim has a small source
+  // stride) are copied together, kTileColumns columns at a time: every source cache line read is
+  // used for all the rows it holds before it leaves the cache, and destination rows are written
+  // in runs.
+  const size_t rank = dims_.size();
+  const int64_t row = dims_[rank - 1];
+  const int64_t src_step = src_strides_[rank - 1];
+  const int64_t dst_step = dst_strides_[rank - 1];
+  const int64_t src_row_step = src_strides_[rank - 2];
+  const int64_t dst_row_step = dst_strides_[rank - 2];
+  for (int64_t column = 0; column < row; column += kTileColumns) {
+    const int64_t count = std::min(kTileColumns, row - column);
+    for (int64_t i = 0; i < tile_rows_; ++i) {
+      kernel_(src_ + src_offset + i * src_row_step + column * src_step, src_step,
+              dst_ + dst_offset + i * dst_row_step + column * dst_step, dst_step, count);
     }
   }
 }

@@ -43,6 +43,11 @@ class CopyConvertPlan {
   void CopyAll() const { CopyElements(0, num_elements_); }
 
  private:
+  static constexpr int64_t kCacheLineBytes = 64;
+  static constexpr int64_t kTileColumns = 8;
+
+  // Copies tile_rows_ whole rows starting at these byte offsets, column block by column block.
+  void CopyTile(int64_t src_offset, int64_t dst_offset) const;
 
   const std::byte* src_ = nullptr;
   std::byte* dst_ = nullptr;
@@ -52,6 +57,7 @@ class CopyConvertPlan {
   int64_t num_elements_ = 0;
   int64_t row_elements_ = 1;
   bool is_contiguous_ = false;
+  int64_t tile_rows_ = 1;  // > 1: rows are copied in tiles of this many (see CopyTile)
   // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
   absl::InlinedVector<int64_t, 6> dims_;
   absl::InlinedVector<int64_t, 6> src_strides_;
