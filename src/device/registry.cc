@@ -10,6 +10,7 @@ namespace ferry {
 
 // Each built-in backend's tiny registration file defines one of these.
 void RegisterHostBackend();
+void RegisterOpenClBackend();
 
 namespace {
 
@@ -25,7 +26,10 @@ Registry& GetRegistry() {
 
 void RegisterBuiltinBackends() {
   static std::once_flag once;
-  std::call_once(once, [] { RegisterHostBackend(); });
+  std::call_once(once, [] {
+    RegisterHostBackend();
+    RegisterOpenClBackend();
+  });
 }
 
 }  // namespace

@@ -18,7 +18,8 @@ struct ClientOptions {
   // Number of devices, for backends that can present several (host). nullopt: the backend's
   // default (host: 1, or the FERRY_HOST_DEVICES environment variable).
   std::optional<int> num_devices = std::nullopt;
-  // Overrides the capability profile the backend would report (host only). Without it the host
+  // Overrides the capability profile the backend would report (the opencl backend narrows its
+  // device's own profile with it: dtypes intersected, limits lowered). Without it the host
   // backend holds every dtype, with the memory limit of FERRY_HOST_MEMORY_LIMIT (bytes) if set.
   std::optional<DeviceCapabilities> capabilities = std::nullopt;
   // Worker threads of the backend's transfer engine; nullopt: the number of cores.

@@ -1,0 +1,305 @@
+#include "src/device/opencl/opencl_buffer.h"
+
+#include <algorithm>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/metrics.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "src/device/opencl/opencl_client.h"
+#include "src/device/opencl/opencl_status.h"
+#include "src/device/opencl/staging_ring.h"
+
+namespace ferry::opencl {
+
+StatusOr<std::shared_ptr<DeviceQueue>> DeviceQueue::Create(const OpenClLibrary& cl,
+                                                           cl_device_id device, bool opencl_1x,
+                                                           std::string name) {
+  cl_platform_id platform = nullptr;
+  FERRY_OPENCL_RETURN_IF_ERROR(
+      cl.clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof(platform), &platform, nullptr),
+      "clGetDeviceInfo(CL_DEVICE_PLATFORM)", name);
+  const cl_context_properties properties[] = {CL_CONTEXT_PLATFORM,
+                                              reinterpret_cast<cl_context_properties>(platform), 0};
+  cl_int error = CL_SUCCESS;
+  cl_context context = cl.clCreateContext(properties, 1, &device, nullptr, nullptr, &error);
+  FERRY_OPENCL_RETURN_IF_ERROR(error, "clCreateContext", name);
+  cl_command_queue queue = nullptr;
+  if (!opencl_1x && cl.clCreateCommandQueueWithProperties != nullptr) {
+    queue = cl.clCreateCommandQueueWithProperties(context, device, nullptr, &error);
+  } else if (cl.clCreateCommandQueue != nullptr) {
+    queue = cl.clCreateCommandQueue(context, device, 0, &error);
+  } else {
+    error = CL_INVALID_OPERATION;
+  }
+  if (error != CL_SUCCESS) {
+    cl.clReleaseContext(context);
+    return FERRY_OPENCL_STATUS(error, "clCreateCommandQueue", name);
+  }
+  return std::shared_ptr<DeviceQueue>(new DeviceQueue(cl, device, context, queue, std::move(name)));
+}
+
+DeviceQueue::~DeviceQueue() {
+  cl_.clReleaseCommandQueue(queue_);
+  cl_.clReleaseContext(context_);
+}
+
+ClientLifetime::Token& ClientLifetime::Token::operator=(Token&& other) noexcept {
+  if (this != &other) {
+    Release();
+    lifetime_ = std::move(other.lifetime_);
+  }
+  return *this;
+}
+
+void ClientLifetime::Token::Release() {
+  if (lifetime_ == nullptr) return;
+  std::shared_ptr<ClientLifetime> lifetime = std::move(lifetime_);
+  lifetime->End();
+}
+
+StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
+    const std::shared_ptr<ClientLifetime>& lifetime, std::string_view what) {
+  {
+    std::lock_guard<std::mutex> lock(lifetime->mutex_);
+    if (lifetime->closed_) {
+      return FailedPreconditionError(fmt::format("{}: the opencl client has been shut down", what));
+    }
+    ++lifetime->in_flight_;
+  }
+  return Token(lifetime);
+}
+
+bool ClientLifetime::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+void ClientLifetime::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+}
+
+void ClientLifetime::WaitUntilIdle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return in_flight_ == 0; });
+}
+
+void ClientLifetime::End() {
+  // Notified under the lock: the waiter cannot return (and destroy the client) before this
+  // thread has let go of the mutex; the lifetime itself is kept alive by the caller's reference.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (--in_flight_ == 0) idle_.notify_all();
+}
+
+Status MemoryAccount::Reserve(int64_t bytes, std::string_view tensor_name,
+                              std::string_view device_name) {
+  int64_t current = in_use_.load(std::memory_order_relaxed);
+  while (true) {
+    if (limit_bytes_.has_value() && (bytes > *limit_bytes_ || current > *limit_bytes_ - bytes)) {
+      return ResourceExhaustedError(fmt::format(
+          "tensor '{}': device {} is out of memory: {} bytes requested, {} of {} bytes in use",
+          tensor_name, device_name, bytes, current, *limit_bytes_));
+    }
+    if (in_use_.compare_exchange_weak(current, current + bytes, std::memory_order_relaxed)) {
+      return OkStatus();
+    }
+  }
+}
+
+StatusOr<std::shared_ptr<DeviceMemory>> DeviceMemory::Create(std::shared_ptr<DeviceQueue> queue,
+                                                             std::shared_ptr<MemoryAccount> account,
+                                                             int64_t size_bytes,
+                                                             std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(account->Reserve(size_bytes, tensor_name, queue->name()));
+  cl_mem mem = nullptr;
+  if (size_bytes > 0) {
+    cl_int error = CL_SUCCESS;
+    mem = queue->cl().clCreateBuffer(queue->context(), CL_MEM_READ_WRITE,
+                                     static_cast<size_t>(size_bytes), nullptr, &error);
+    if (error != CL_SUCCESS) {
+      account->Release(size_bytes);
+      return FERRY_OPENCL_STATUS(
+          error, "clCreateBuffer",
+          fmt::format("tensor '{}' ({} bytes) on {}", tensor_name, size_bytes, queue->name()));
+    }
+  }
+  return std::shared_ptr<DeviceMemory>(
+      new DeviceMemory(std::move(queue), std::move(account), mem, size_bytes));
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (mem_ != nullptr) queue_->cl().clReleaseMemObject(mem_);
+  account_->Release(size_bytes_);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+OpenClBuffer::OpenClBuffer(OpenClDevice* device, DType device_dtype, Dims dims,
+                           std::shared_ptr<DeviceMemory> memory, Future<> ready, Future<> enqueued,
+                           std::shared_ptr<ClientLifetime> lifetime, StagingRing* ring,
+                           std::string tensor_name)
+    : device_(device),
+      device_dtype_(device_dtype),
+      dims_(std::move(dims)),
+      memory_(std::move(memory)),
+      ready_(std::move(ready)),
+      enqueued_(std::move(enqueued)),
+      lifetime_(std::move(lifetime)),
+      ring_(ring),
+      tensor_name_(std::move(tensor_name)) {}
+
+Device* OpenClBuffer::device() const { return device_; }
+
+namespace {
+
+// One ToHost, from the moment the buffer's writes are enqueued.
+struct ReadRequest {
+  ClientLifetime::Token token;
+  std::shared_ptr<DeviceMemory> memory;
+  Future<> ready;
+  StagingRing* ring;
+  DType device_dtype;
+  MutableHostView dst;
+  TransferPath path;
+  Promise<> done;
+  std::string what;
+};
+
+// Enqueues the read. `done` completes after the last piece, with the read's error or else with
+// the buffer's Ready() status (the data is only valid once the writes have succeeded).
+void StartRead(ReadRequest request) {
+  const DeviceQueue& queue = request.memory->queue();
+  const OpenClLibrary& cl = queue.cl();
+  auto counter = std::make_shared<PieceCounter>(
+      std::move(request.token), [done = request.done, ready = request.ready](Status status) {
+        if (!status.ok()) {
+          done.Set(std::move(status));
+          return;
+        }
+        ready.OnReady([done](const Status& ready_status) { done.Set(ready_status); });
+      });
+  auto complete_piece = [counter, what = request.what](cl_int execution_status) {
+    counter->Done(EventStatus(execution_status, "read", what));
+  };
+  const int64_t device_bytes = request.memory->size_bytes();
+  cl_event event = nullptr;
+  Status started;
+  switch (request.path.kind) {
+    case PathKind::kDense: {
+      const cl_int error = cl.clEnqueueReadBuffer(queue.queue(), request.memory->mem(), CL_FALSE, 0,
+                                                  static_cast<size_t>(device_bytes),
+                                                  request.dst.data, 0, nullptr, &event);
+      started = FERRY_OPENCL_STATUS(error, "clEnqueueReadBuffer", request.what);
+      if (started.ok()) {
+        counter->Add();
+        OnEventComplete(cl, event, std::move(complete_piece));
+      }
+      break;
+    }
+    case PathKind::kRect: {
+      const RectLayout& rect = request.path.rect;
+      const size_t origin[3] = {0, 0, 0};
+      const cl_int error = cl.clEnqueueReadBufferRect(
+          queue.queue(), request.memory->mem(), CL_FALSE, origin, origin, rect.region.data(),
+          rect.region[0], rect.region[0] * rect.region[1], rect.host_row_pitch,
+          rect.host_slice_pitch, request.dst.data, 0, nullptr, &event);
+      started = FERRY_OPENCL_STATUS(error, "clEnqueueReadBufferRect", request.what);
+      if (started.ok()) {
+        counter->Add();
+        OnEventComplete(cl, event, std::move(complete_piece));
+      }
+      break;
+    }
+    case PathKind::kStaged: {
+      const int64_t dst_bytes = request.dst.num_elements() * request.dst.element_size();
+      if (std::max(device_bytes, dst_bytes) <= kInlineCopyBytes) {
+        // Small: read into a block of our own and convert out of it in the callback.
+        StatusOr<HostBlock> block = AllocateHostBlock(device_bytes, request.what);
+        started = block.status();
+        if (!started.ok()) break;
+        const cl_int error = cl.clEnqueueReadBuffer(queue.queue(), request.memory->mem(), CL_FALSE,
+                                                    0, static_cast<size_t>(device_bytes),
+                                                    block->get(), 0, nullptr, &event);
+        started = FERRY_OPENCL_STATUS(error, "clEnqueueReadBuffer", request.what);
+        if (!started.ok()) break;
+        counter->Add();
+        OnEventComplete(cl, event,
+                        [counter, block = *std::move(block), dst = request.dst,
+                         device_dtype = request.device_dtype, device_bytes,
+                         what = request.what](cl_int execution_status) mutable {
+                          Status status = EventStatus(execution_status, "read", what);
+                          if (status.ok()) {
+                            status = CopyConvert(
+                                HostView::Dense(block.get(), device_dtype, dst.dims), dst);
+                            metrics::StagingBytes()->Add(device_bytes);
+                          }
+                          block.reset();
+                          counter->Done(std::move(status));
+                        });
+        break;
+      }
+      // Large: the ring's worker waits for chunks, not this thread.
+      counter->Add();  // the job's hold
+      started = request.ring->Submit([counter, memory = request.memory, ring = request.ring,
+                                      device_dtype = request.device_dtype, dst = request.dst,
+                                      what = request.what](Status status) {
+        if (status.ok()) status = StagedRead(*ring, *memory, device_dtype, dst, counter, what);
+        counter->Done(std::move(status));
+      });
+      if (!started.ok()) counter->Done(started);  // the job was dropped: release its hold
+      break;
+    }
+  }
+  if (started.ok()) cl.clFlush(queue.queue());
+  counter->Done(std::move(started));  // the starter's hold
+}
+
+}  // namespace
+
+Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
+  if (dst.dims != dims_) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("ToHost: destination dims [{}] differ from the buffer's [{}]",
+                    fmt::join(dst.dims, ","), fmt::join(dims_, ","))));
+  }
+  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  if (Status convertible =
+          CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype_, dims_), dst).status();
+      !convertible.ok()) {
+    return Future<>::Ready(convertible);
+  }
+  const std::string what =
+      fmt::format("reading tensor '{}' from {}", tensor_name_, memory_->queue().name());
+  StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, "ToHost");
+  if (!token.ok()) return Future<>::Ready(token.status());
+
+  Promise<> done;
+  if (dst.num_elements() == 0) {
+    ready_.OnReady([done](const Status& ready) { done.Set(ready); });
+    return done.future();
+  }
+  ReadRequest request{*std::move(token),
+                      memory_,
+                      ready_,
+                      ring_,
+                      device_dtype_,
+                      dst,
+                      ChooseTransferPath(dst, device_dtype_),
+                      done,
+                      what};
+  // Reads go into the in-order queue after every write of this buffer; the continuation runs on
+  // this thread (writes already enqueued) or on the staging worker once it has enqueued them.
+  enqueued_.OnReady([request = std::move(request)](const Status& enqueued) mutable {
+    if (!enqueued.ok()) {
+      request.done.Set(enqueued);
+      return;
+    }
+    StartRead(std::move(request));
+  });
+  return done.future();
+}
+
+}  // namespace ferry::opencl

@@ -1,0 +1,182 @@
+// The opencl backend's device memory and buffers, and the shared state that lets a buffer
+// outlive its client.
+//
+// Lifetimes: a client owns its devices; each device shares its `DeviceQueue` (context and
+// command queue) with every `DeviceMemory` made on it, so cl objects are released by their last
+// holder, after the client if buffers outlive it. Every operation that will finish in an OpenCL
+// event callback holds a `ClientLifetime::Token`; the client's destructor waits for all of them,
+// so no callback ever runs ferry code that needs the client after it is gone, and the last
+// reference to a context or queue is never dropped on the runtime's callback threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ferry/core/future.h"
+#include "ferry/device/buffer.h"
+#include "ferry/device/device.h"
+#include "src/device/opencl/opencl_library.h"
+
+namespace ferry::opencl {
+
+class OpenClDevice;
+class StagingRing;
+
+// One device's cl_context (a context of its own) and in-order command queue. OpenCL 1.1+ makes
+// every call used here thread-safe, so the queue is shared without a lock. Released by the last
+// holder.
+class DeviceQueue {
+ public:
+  // `name` is the ferry device name ("opencl:0"), for messages.
+  static StatusOr<std::shared_ptr<DeviceQueue>> Create(const OpenClLibrary& cl, cl_device_id device,
+                                                       bool opencl_1x, std::string name);
+  ~DeviceQueue();
+  DeviceQueue(const DeviceQueue&) = delete;
+  DeviceQueue& operator=(const DeviceQueue&) = delete;
+
+  const OpenClLibrary& cl() const { return cl_; }
+  cl_device_id device() const { return device_; }
+  cl_context context() const { return context_; }
+  cl_command_queue queue() const { return queue_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  DeviceQueue(const OpenClLibrary& cl, cl_device_id device, cl_context context,
+              cl_command_queue queue, std::string name)
+      : cl_(cl), device_(device), context_(context), queue_(queue), name_(std::move(name)) {}
+
+  const OpenClLibrary& cl_;
+  const cl_device_id device_;
+  const cl_context context_;
+  const cl_command_queue queue_;
+  const std::string name_;
+};
+
+// Whether a client still runs, and how many operations it still has in flight. Shared by the
+// client, its buffers and the operations themselves. Thread-safe.
+class ClientLifetime {
+ public:
+  // Proof that an operation is in flight; the client's destructor waits until every token is
+  // released. Move-only; releasing it is the last thing an operation does.
+  class Token {
+   public:
+    Token() = default;
+    explicit Token(std::shared_ptr<ClientLifetime> lifetime) : lifetime_(std::move(lifetime)) {}
+    Token(Token&& other) noexcept = default;
+    Token& operator=(Token&& other) noexcept;
+    ~Token() { Release(); }
+    void Release();
+
+   private:
+    std::shared_ptr<ClientLifetime> lifetime_;
+  };
+
+  // A token for a new operation; FailedPrecondition (naming `what`) once the client is closing.
+  static StatusOr<Token> Begin(const std::shared_ptr<ClientLifetime>& lifetime,
+                               std::string_view what);
+  bool closed() const;
+  // No Begin succeeds after this.
+  void Close();
+  // Blocks until every token has been released. Never call it from an event callback.
+  void WaitUntilIdle();
+
+ private:
+  void End();
+
+  mutable std::mutex mutex_;
+  std::condition_variable idle_;
+  bool closed_ = false;
+  int64_t in_flight_ = 0;
+};
+
+// Bytes held by one device's buffers against its limit. Thread-safe.
+class MemoryAccount {
+ public:
+  explicit MemoryAccount(std::optional<int64_t> limit_bytes) : limit_bytes_(limit_bytes) {}
+
+  // ResourceExhausted (naming the tensor and the device) when `bytes` more would pass the limit.
+  Status Reserve(int64_t bytes, std::string_view tensor_name, std::string_view device_name);
+  void Release(int64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
+  int64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+
+ private:
+  const std::optional<int64_t> limit_bytes_;
+  std::atomic<int64_t> in_use_{0};
+};
+
+// One cl_mem of device memory, accounted against its device. Shared by the buffer and the
+// staged transfers still to be enqueued on it; commands already enqueued keep the cl_mem alive on
+// their own (OpenCL retains the memory objects of pending commands), so the last holder may
+// release it at once.
+class DeviceMemory {
+ public:
+  // Reserves and creates `size_bytes` (no cl_mem for 0 bytes). ResourceExhausted when the
+  // account or OpenCL says no.
+  static StatusOr<std::shared_ptr<DeviceMemory>> Create(std::shared_ptr<DeviceQueue> queue,
+                                                        std::shared_ptr<MemoryAccount> account,
+                                                        int64_t size_bytes,
+                                                        std::string_view tensor_name);
+  ~DeviceMemory();
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  // Null for an empty buffer.
+  cl_mem mem() const { return mem_; }
+  int64_t size_bytes() const { return size_bytes_; }
+  const DeviceQueue& queue() const { return *queue_; }
+
+ private:
+  DeviceMemory(std::shared_ptr<DeviceQueue> queue, std::shared_ptr<MemoryAccount> account,
+               cl_mem mem, int64_t size_bytes)
+      : queue_(std::move(queue)),
+        account_(std::move(account)),
+        mem_(mem),
+        size_bytes_(size_bytes) {}
+
+  const std::shared_ptr<DeviceQueue> queue_;
+  const std::shared_ptr<MemoryAccount> account_;
+  const cl_mem mem_;
+  const int64_t size_bytes_;
+};
+
+class OpenClBuffer final : public Buffer {
+ public:
+  // A buffer whose data arrives in `memory`. `enqueued` completes once every command writing it
+  // has been enqueued (reads are enqueued after it, so the in-order queue runs them after the
+  // writes), with the error if the writes never started; `ready` completes when the data has
+  // arrived. `ring` belongs to the client and is used only while a token of `lifetime` is held.
+  OpenClBuffer(OpenClDevice* device, DType device_dtype, Dims dims,
+               std::shared_ptr<DeviceMemory> memory, Future<> ready, Future<> enqueued,
+               std::shared_ptr<ClientLifetime> lifetime, StagingRing* ring,
+               std::string tensor_name);
+  ~OpenClBuffer() override = default;
+
+  Device* device() const override;
+  DType device_dtype() const override { return device_dtype_; }
+  const Dims& dims() const override { return dims_; }
+  int64_t size_bytes() const override { return memory_->size_bytes(); }
+  Future<> Ready() const override { return ready_; }
+  // Direct clEnqueueReadBuffer(Rect) into `dst` when it is dense or rectangular in the device
+  // dtype; otherwise through staging and the fused copy-convert. Completes from the event
+  // callback of the last read, after Ready().
+  Future<> ToHost(const MutableHostView& dst) override;
+
+ private:
+  OpenClDevice* const device_;
+  const DType device_dtype_;
+  const Dims dims_;
+  const std::shared_ptr<DeviceMemory> memory_;
+  const Future<> ready_;
+  const Future<> enqueued_;
+  const std::shared_ptr<ClientLifetime> lifetime_;
+  StagingRing* const ring_;
+  const std::string tensor_name_;
+};
+
+}  // namespace ferry::opencl
