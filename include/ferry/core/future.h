@@ -1,8 +1,7 @@
 // Future<T> / Promise<T>: a one-shot value (or error Status) produced on one thread and consumed
 // on others, in the manner of PJRT's futures.
 //
-// - A Promise is set exactly once (a second Set is a programming error and is ignored in release
-//   builds, asserted in debug builds).
+// - A Promise is set once; later Sets are ignored (the first value stands).
 // - `Future::OnReady(cb)` runs `cb` exactly once: inline on the calling thread if the future is
 //   already ready, otherwise on the thread that sets the promise, after the value is stored.
 //   Callbacks must not block for long: they run on runtime threads.

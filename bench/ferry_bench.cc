@@ -1,0 +1,675 @@
+// ferry-bench: how fast ferry moves tensors, next to memcpy and the old staged path.
+//
+// Every case is timed three ways in the same process, interleaved run by run:
+//   ferry   the library path (TransferToDevice + AwaitReady, or TransferFromDevice);
+//   memcpy  one std::memcpy, on one thread, of as many bytes as the case reads, into a
+//           pre-touched destination (the yardstick of DESIGN.md's performance model);
+//   staged  the old path, written out here: a full-size contiguous temporary, freshly allocated,
+//           filled by ferry::CopyConvert on one thread, then a dense same-dtype transfer.
+// See bench/README.md for the cases and the columns.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "ferry/core/dtype.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/core/host_view.h"
+#include "ferry/device/client.h"
+#include "ferry/device/device.h"
+#include "ferry/device/registry.h"
+#include "ferry/runtime/tensor_source.h"
+#include "ferry/runtime/transfer.h"
+#include "fmt/format.h"
+#include "heap_accounting.h"
+#include "nlohmann/json.hpp"
+#include "transfer_paths.h"
+
+namespace ferry::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// --- utilities ---------------------------------------------------------------------------------
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  if (n == 0) return 0;
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+std::string FormatBytes(double bytes) {
+  if (bytes >= 1024.0 * kMiB) return fmt::format("{:.2f}GiB", bytes / (1024.0 * kMiB));
+  if (bytes >= kMiB) return fmt::format("{:.1f}MiB", bytes / kMiB);
+  if (bytes >= 1024) return fmt::format("{:.1f}KiB", bytes / 1024);
+  return fmt::format("{:.0f}B", bytes);
+}
+
+std::string FormatSeconds(double seconds) {
+  if (seconds >= 1) return fmt::format("{:.3f}s", seconds);
+  if (seconds >= 1e-3) return fmt::format("{:.2f}ms", seconds * 1e3);
+  return fmt::format("{:.1f}us", seconds * 1e6);
+}
+
+// Non-zero values with varied mantissas (so conversions must round), written once so every
+// page of the source is touched before timing.
+void FillSource(HostTensor& tensor, uint64_t seed) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const int64_t count = tensor.size_bytes() / DTypeSize(tensor.dtype());
+  if (tensor.dtype() == DType::kF64) {
+    auto* values = reinterpret_cast<double*>(tensor.data());
+    for (int64_t i = 0; i < count; ++i)
+      values[i] = 0.5 + static_cast<double>(next() >> 11) * 0x1p-53;
+  } else if (tensor.dtype() == DType::kF32) {
+    auto* values = reinterpret_cast<float*>(tensor.data());
+    for (int64_t i = 0; i < count; ++i)
+      values[i] = 0.5f + static_cast<float>(next() >> 40) * 0x1p-24f;
+  } else {
+    for (int64_t i = 0; i < tensor.size_bytes(); ++i) {
+      tensor.data()[i] = static_cast<std::byte>(next() | 1);
+    }
+  }
+}
+
+StatusOr<HostTensor> MakeFilledTensor(DType dtype, absl::Span<const int64_t> dims, uint64_t seed) {
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, HostTensor::Allocate(dtype, dims));
+  FillSource(tensor, seed);
+  return tensor;
+}
+
+// How busy the CPUs were with other processes' work since construction: all the CPU time of the
+// machine (/proc/stat) less this process's own (getrusage), as a percent of all cores' time.
+class OtherCpuMeter {
+ public:
+  OtherCpuMeter() : start_(Read()) {}
+
+  std::optional<double> OtherBusyPercent() const {
+    const std::optional<Reading> now = Read();
+    if (!start_ || !now) return std::nullopt;
+    const double ticks_per_second = static_cast<double>(sysconf(_SC_CLK_TCK));
+    const double all_seconds =
+        static_cast<double>(now->all_ticks - start_->all_ticks) / ticks_per_second;
+    const double busy_seconds =
+        static_cast<double>(now->busy_ticks - start_->busy_ticks) / ticks_per_second;
+    const double other_seconds = busy_seconds - (now->own_seconds - start_->own_seconds);
+    if (all_seconds <= 0) return std::nullopt;
+    return std::clamp(100.0 * other_seconds / all_seconds, 0.0, 100.0);
+  }
+
+ private:
+  struct Reading {
+    int64_t busy_ticks;
+    int64_t all_ticks;
+    double own_seconds;
+  };
+
+  static std::optional<Reading> Read() {
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    int64_t user, nice, system, idle, iowait, irq, softirq;
+    if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq) ||
+        cpu != "cpu") {
+      return std::nullopt;
+    }
+    rusage usage{};
+    if (getrusage(RUSAGE_SELF, &usage) != 0) return std::nullopt;
+    auto seconds = [](const timeval& time) {
+      return static_cast<double>(time.tv_sec) + static_cast<double>(time.tv_usec) * 1e-6;
+    };
+    const int64_t busy = user + nice + system + irq + softirq;
+    return Reading{busy, busy + idle + iowait, seconds(usage.ru_utime) + seconds(usage.ru_stime)};
+  }
+
+  std::optional<Reading> start_;
+};
+
+// --- cases -------------------------------------------------------------------------------------
+
+struct PreparedCase {
+  int64_t bytes = 0;    // read from the source (host memory for h2d, device memory for d2h)
+  int64_t tensors = 1;  // tensors moved per run
+  std::unique_ptr<Path> ferry;
+  std::unique_ptr<Path> staged;
+  // h2d without conversion: the sources, to spot-check the device data against the source read
+  // through its own strides (independently of ferry's copy kernels).
+  std::vector<std::shared_ptr<const TensorSource>> unconverted_sources;
+  Json details = Json::object();
+};
+
+struct CaseContext {
+  Device* device;
+  double scale;
+};
+
+struct CaseDefinition {
+  const char* name;
+  const char* description;
+  std::function<StatusOr<PreparedCase>(const CaseContext&)> prepare;
+};
+
+int64_t ScaledCount(int64_t full, double scale, int64_t multiple_of = 1) {
+  const auto scaled = static_cast<int64_t>(std::llround(static_cast<double>(full) * scale));
+  return std::max(multiple_of, scaled / multiple_of * multiple_of);
+}
+
+std::vector<int64_t> DimsOf(const Dims& dims) { return {dims.begin(), dims.end()}; }
+
+// A source that borrows `view` of `owner` (a strided view over the whole allocation).
+StatusOr<std::shared_ptr<const TensorSource>> BorrowView(std::shared_ptr<HostTensor> owner,
+                                                         Dims dims, Dims byte_strides,
+                                                         const std::string& name) {
+  HostView view(owner->data(), owner->dtype(), std::move(dims), std::move(byte_strides));
+  const void* begin = owner->data();
+  const int64_t size = owner->size_bytes();
+  return TensorSource::Borrow(view, begin, size, std::shared_ptr<const void>(std::move(owner)),
+                              name);
+}
+
+// An h2d case over `sources`; `device_dtype` nullopt lets the device profile choose.
+StatusOr<PreparedCase> MakeH2DCase(std::vector<std::shared_ptr<const TensorSource>> sources,
+                                   std::optional<DType> device_dtype, const CaseContext& context) {
+  PreparedCase prepared;
+  TransferToDeviceOptions options;
+  options.semantics = kBenchSemantics;
+  std::vector<DType> staged_dtypes;
+  for (const auto& source : sources) {
+    prepared.bytes += source->view().num_elements() * source->view().element_size();
+    if (device_dtype.has_value()) options.device_dtypes.push_back(*device_dtype);
+    // The staged path stores what the ferry path stores: the explicit dtype, else the source's
+    // (every case without an explicit dtype uses one the host device holds).
+    staged_dtypes.push_back(device_dtype.value_or(source->view().dtype));
+  }
+  prepared.tensors = static_cast<int64_t>(sources.size());
+  const HostView& first = sources.front()->view();
+  prepared.details["source_dtype"] = std::string(DTypeName(first.dtype));
+  prepared.details["device_dtype"] = std::string(DTypeName(staged_dtypes.front()));
+  prepared.details["dims"] = DimsOf(first.dims);
+  prepared.details["source_byte_strides"] = DimsOf(first.byte_strides);
+  prepared.details["semantics"] = std::string(HostBufferSemanticsName(kBenchSemantics));
+  if (!device_dtype.has_value()) prepared.unconverted_sources = sources;
+  prepared.ferry = MakeH2DFerryPath(sources, context.device, options);
+  prepared.staged = MakeH2DStagedPath(std::move(sources), context.device, std::move(staged_dtypes));
+  return prepared;
+}
+
+StatusOr<PreparedCase> PrepareH2DDense(const CaseContext& context, DType source_dtype,
+                                       std::optional<DType> device_dtype, const char* name) {
+  const int64_t count = ScaledCount(256 * kMiB / DTypeSize(source_dtype), context.scale, 64);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(source_dtype, {count}, 1));
+  return MakeH2DCase({TensorSource::FromHostTensor(std::move(tensor), name)}, device_dtype,
+                     context);
+}
+
+StatusOr<PreparedCase> PrepareH2DTransposed(const CaseContext& context) {
+  const int64_t side = ScaledCount(4096, std::sqrt(context.scale));
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {side, side}, 2));
+  auto owner = std::make_shared<HostTensor>(std::move(tensor));
+  const int64_t element = 4;
+  // The row-major buffer seen through a transpose: the byte strides swapped.
+  FERRY_ASSIGN_OR_RETURN(auto source, BorrowView(std::move(owner), Dims{side, side},
+                                                 Dims{element, side * element}, "transposed"));
+  return MakeH2DCase({std::move(source)}, std::nullopt, context);
+}
+
+StatusOr<PreparedCase> PrepareH2DStridedSlice(const CaseContext& context) {
+  const int64_t side = ScaledCount(8192, std::sqrt(context.scale), 2);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {side, side}, 3));
+  auto owner = std::make_shared<HostTensor>(std::move(tensor));
+  const int64_t element = 4;
+  // x[::2, ::2]
+  FERRY_ASSIGN_OR_RETURN(auto source,
+                         BorrowView(std::move(owner), Dims{side / 2, side / 2},
+                                    Dims{2 * side * element, 2 * element}, "strided_slice"));
+  PreparedCase prepared;
+  FERRY_ASSIGN_OR_RETURN(prepared, MakeH2DCase({std::move(source)}, std::nullopt, context));
+  prepared.details["allocation_dims"] = std::vector<int64_t>{side, side};
+  return prepared;
+}
+
+StatusOr<PreparedCase> PrepareH2DManySmall(const CaseContext& context) {
+  const int64_t count = ScaledCount(16384, context.scale);
+  constexpr int64_t kElements = 1024;  // 4 KiB of f32
+  std::vector<std::shared_ptr<const TensorSource>> sources;
+  sources.reserve(count);
+  for (int64_t i = 0; i < count; ++i) {
+    FERRY_ASSIGN_OR_RETURN(HostTensor tensor, HostTensor::Allocate(DType::kF32, {kElements}));
+    FillSource(tensor, 100 + i);
+    sources.push_back(TensorSource::FromHostTensor(std::move(tensor), fmt::format("small_{}", i)));
+  }
+  return MakeH2DCase(std::move(sources), std::nullopt, context);
+}
+
+// A d2h case: a source of `count` f32 put on the device as `device_dtype` (outside timing), then
+// read back in its logical dtype, f32.
+StatusOr<PreparedCase> PrepareD2H(const CaseContext& context, int64_t full_count,
+                                  DType device_dtype, const char* name) {
+  const int64_t count = ScaledCount(full_count, context.scale, 64);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {count}, 4));
+  std::vector<std::shared_ptr<const TensorSource>> sources = {
+      TensorSource::FromHostTensor(std::move(tensor), name)};
+  TransferToDeviceOptions options;
+  options.device_dtypes = {device_dtype};
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> data,
+                         TransferToDevice(sources, context.device, options));
+  FERRY_RETURN_IF_ERROR(AwaitReady(data));
+  sources.clear();  // only the device copy remains
+  PreparedCase prepared;
+  prepared.bytes = count * DTypeSize(device_dtype);
+  prepared.details["device_dtype"] = std::string(DTypeName(device_dtype));
+  prepared.details["host_dtype"] = std::string(DTypeName(DType::kF32));
+  prepared.details["dims"] = std::vector<int64_t>{count};
+  prepared.details["host_bytes"] = count * DTypeSize(DType::kF32);
+  prepared.ferry = MakeD2HFerryPath(data);
+  prepared.staged = MakeD2HStagedPath(std::move(data));
+  return prepared;
+}
+
+std::vector<CaseDefinition> AllCases() {
+  return {
+      {"h2d_contiguous", "256 MiB f32, dense",
+       [](const CaseContext& c) { return PrepareH2DDense(c, DType::kF32, std::nullopt, "dense"); }},
+      {"h2d_transposed", "4096x4096 f32 through a transpose (byte strides swapped)",
+       PrepareH2DTransposed},
+      {"h2d_strided_slice", "x[::2, ::2] of 8192x8192 f32", PrepareH2DStridedSlice},
+      {"h2d_convert_f32_bf16", "256 MiB f32 stored as bf16",
+       [](const CaseContext& c) {
+         return PrepareH2DDense(c, DType::kF32, DType::kBF16, "f32_to_bf16");
+       }},
+      {"h2d_convert_f64_f32", "256 MiB f64 stored as f32",
+       [](const CaseContext& c) {
+         return PrepareH2DDense(c, DType::kF64, DType::kF32, "f64_to_f32");
+       }},
+      {"h2d_many_small", "16384 tensors of 4 KiB f32 in one call", PrepareH2DManySmall},
+      {"d2h_contiguous", "256 MiB f32 read back",
+       [](const CaseContext& c) {
+         return PrepareD2H(c, 256 * kMiB / 4, DType::kF32, "d2h_dense");
+       }},
+      {"d2h_upcast_bf16_f32", "128 MiB bf16 on the device read back as 256 MiB f32",
+       [](const CaseContext& c) { return PrepareD2H(c, 64 * kMiB, DType::kBF16, "d2h_bf16"); }},
+  };
+}
+
+// --- measuring ---------------------------------------------------------------------------------
+
+struct Sample {
+  double seconds = 0;
+  int64_t peak_extra_bytes = 0;
+};
+
+// Waits until the device has given back the memory of released buffers, so that runs do not pile
+// up device memory.
+void WaitForDeviceBytes(Device* device, int64_t device_bytes_before) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (device->bytes_in_use() > device_bytes_before && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+// One timed run. The heap peak is taken relative to the heap at the start; the memory the run
+// rightly leaves behind (new device buffers, returned host tensors) is not extra.
+StatusOr<Sample> MeasureOnce(Path& path, Device* device) {
+  const int64_t device_before = device->bytes_in_use();
+  ResetPeakHeapBytes();
+  const int64_t heap_before = LiveHeapBytes();
+  const auto start = Clock::now();
+  Status status = path.Run();
+  const auto stop = Clock::now();
+  Sample sample;
+  sample.seconds = std::chrono::duration<double>(stop - start).count();
+  const int64_t peak = PeakHeapBytes();
+  const int64_t device_added = device->bytes_in_use() - device_before;
+  sample.peak_extra_bytes =
+      std::max<int64_t>(0, peak - heap_before - device_added - path.ResultHostBytes());
+  path.Release();
+  WaitForDeviceBytes(device, device_before);
+  if (!status.ok()) return status;
+  return sample;
+}
+
+double MeasureMemcpy(std::byte* destination, const std::byte* source, int64_t bytes) {
+  const auto start = Clock::now();
+  std::memcpy(destination, source, static_cast<size_t>(bytes));
+  asm volatile("" : : "r"(destination) : "memory");  // the copy may not be optimised away
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The same copy into a destination allocated just before (timed with its page faults, as a
+// transfer's fresh device buffer is); the destination is freed after the clock stops.
+double MeasureMemcpyToFreshMemory(const std::byte* source, int64_t bytes) {
+  const auto start = Clock::now();
+  auto destination = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(bytes));
+  std::memcpy(destination.get(), source, static_cast<size_t>(bytes));
+  asm volatile("" : : "r"(destination.get()) : "memory");
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Compares elements of `got` (dense) with `source` read through its byte strides: the first and
+// last elements and a spread of others.
+Status SpotCheck(const TensorSource& source, const HostTensor& got) {
+  const HostView& view = source.view();
+  const int64_t count = view.num_elements();
+  const int64_t element_size = view.element_size();
+  auto matches = [&](int64_t linear) {
+    int64_t offset = 0;
+    int64_t rest = linear;
+    for (int64_t dim = view.rank() - 1; dim >= 0; --dim) {
+      offset += (rest % view.dims[dim]) * view.byte_strides[dim];
+      rest /= view.dims[dim];
+    }
+    const auto* want = static_cast<const std::byte*>(view.data) + offset;
+    return std::memcmp(got.data() + linear * element_size, want, element_size) == 0;
+  };
+  const int64_t step = std::max<int64_t>(1, count / 4099);
+  for (int64_t linear = 0; linear < count; linear += step) {
+    if (!matches(linear) || !matches(count - 1 - linear)) {
+      return InternalError(
+          fmt::format("tensor '{}': the device data differs from the source near element {}",
+                      source.name(), linear));
+    }
+  }
+  return OkStatus();
+}
+
+// Runs both paths once, untimed, and checks that the ferry path made the same bytes as the
+// staged path (which is a plain CopyConvert): a wrong fast result is no result.
+Status WarmUpAndVerify(PreparedCase& prepared, Device* device) {
+  const int64_t device_before = device->bytes_in_use();
+  FERRY_RETURN_IF_ERROR(prepared.ferry->Run());
+  FERRY_RETURN_IF_ERROR(prepared.staged->Run());
+  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> got, prepared.ferry->TakeResultsOnHost());
+  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> want, prepared.staged->TakeResultsOnHost());
+  prepared.ferry->Release();
+  prepared.staged->Release();
+  WaitForDeviceBytes(device, device_before);
+  if (got.size() != want.size()) return InternalError("ferry and staged made different counts");
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i].dtype() != want[i].dtype() || got[i].dims() != want[i].dims() ||
+        std::memcmp(got[i].data(), want[i].data(), static_cast<size_t>(got[i].size_bytes())) != 0) {
+      return InternalError(
+          fmt::format("tensor {}: ferry's result differs from the staged path's", i));
+    }
+    if (!prepared.unconverted_sources.empty()) {
+      FERRY_RETURN_IF_ERROR(SpotCheck(*prepared.unconverted_sources[i], got[i]));
+    }
+  }
+  return OkStatus();
+}
+
+struct CaseResult {
+  Json json;
+  std::string row;
+};
+
+StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
+                             int repeats) {
+  FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
+  FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, context.device));
+  const OtherCpuMeter other_cpu;
+
+  // The yardstick's buffers, both written once so that no page fault is timed.
+  auto memcpy_source =
+      std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(prepared.bytes));
+  auto memcpy_destination =
+      std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(prepared.bytes));
+  std::memset(memcpy_source.get(), 0x5a, static_cast<size_t>(prepared.bytes));
+  std::memset(memcpy_destination.get(), 0xa5, static_cast<size_t>(prepared.bytes));
+  MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes);  // warm-up
+
+  std::vector<double> memcpy_seconds, memcpy_fresh_seconds, ferry_seconds, staged_seconds;
+  int64_t ferry_peak = 0, staged_peak = 0;
+  for (int run = 0; run < repeats; ++run) {
+    memcpy_seconds.push_back(
+        MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
+    memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
+    FERRY_ASSIGN_OR_RETURN(Sample ferry, MeasureOnce(*prepared.ferry, context.device));
+    FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, context.device));
+    ferry_seconds.push_back(ferry.seconds);
+    staged_seconds.push_back(staged.seconds);
+    ferry_peak = std::max(ferry_peak, ferry.peak_extra_bytes);
+    staged_peak = std::max(staged_peak, staged.peak_extra_bytes);
+  }
+
+  const double seconds = Median(ferry_seconds);
+  const double memcpy_median = Median(memcpy_seconds);
+  const double staged_median = Median(staged_seconds);
+  const double gbps = static_cast<double>(prepared.bytes) / seconds / 1e9;
+  CaseResult result;
+  Json& json = result.json;
+  json["case"] = definition.name;
+  json["description"] = definition.description;
+  json["bytes"] = prepared.bytes;
+  json["seconds_median"] = seconds;
+  json["gbps"] = gbps;
+  json["vs_memcpy"] = memcpy_median / seconds;
+  json["vs_staged"] = staged_median / seconds;
+  json["peak_extra_bytes"] = HeapAccountingEnabled() ? Json(ferry_peak) : Json(nullptr);
+  json["staged_peak_extra_bytes"] = HeapAccountingEnabled() ? Json(staged_peak) : Json(nullptr);
+  json["memcpy_seconds_median"] = memcpy_median;
+  json["vs_memcpy_fresh"] = Median(memcpy_fresh_seconds) / seconds;
+  json["memcpy_fresh_seconds_median"] = Median(memcpy_fresh_seconds);
+  json["staged_seconds_median"] = staged_median;
+  json["tensors"] = prepared.tensors;
+  std::string notes;
+  if (prepared.tensors > 1) {
+    const double tensors_per_second = static_cast<double>(prepared.tensors) / seconds;
+    json["tensors_per_second"] = tensors_per_second;
+    notes = fmt::format("{:.0f} tensors/s", tensors_per_second);
+  }
+  if (const std::optional<double> busy = other_cpu.OtherBusyPercent()) {
+    json["other_cpu_percent"] = *busy;
+    if (*busy > 10) {
+      notes += fmt::format("{}other processes used {:.0f}% of the CPUs", notes.empty() ? "" : "; ",
+                           *busy);
+    }
+  }
+  json["repeats"] = repeats;
+  json["seconds_all"] = ferry_seconds;
+  json["memcpy_seconds_all"] = memcpy_seconds;
+  json["staged_seconds_all"] = staged_seconds;
+  for (auto& [key, value] : prepared.details.items()) json[key] = value;
+
+  result.row = fmt::format(
+      "{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>9.2f}x {:>11} {:>11}  {}", definition.name,
+      FormatBytes(static_cast<double>(prepared.bytes)), FormatSeconds(seconds), gbps,
+      memcpy_median / seconds, staged_median / seconds,
+      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(ferry_peak)) : "n/a",
+      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(staged_peak)) : "n/a", notes);
+  return result;
+}
+
+// --- machine -----------------------------------------------------------------------------------
+
+Json DescribeMachine() {
+  Json machine;
+  std::string cpu_model = "unknown";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos)
+        cpu_model = line.substr(line.find_first_not_of(' ', colon + 1));
+      break;
+    }
+  }
+  machine["cpu_model"] = cpu_model;
+  machine["cores"] = std::thread::hardware_concurrency();
+  double load[3] = {0, 0, 0};
+  if (getloadavg(load, 3) == 3) machine["load_average"] = {load[0], load[1], load[2]};
+  // Before any case runs: the load average lags by a minute.
+  OtherCpuMeter meter;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (const auto busy = meter.OtherBusyPercent()) machine["cpu_busy_percent_before"] = *busy;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemTotal:", 0) == 0) {
+      machine["memory_bytes"] = std::stoll(line.substr(9)) * 1024;  // "MemTotal: N kB"
+      break;
+    }
+  }
+  return machine;
+}
+
+// --- main --------------------------------------------------------------------------------------
+
+int Main(int argc, char** argv) {
+  CLI::App app{"ferry-bench: ferry's transfers next to memcpy and the old staged path"};
+  std::vector<std::string> case_names;
+  double scale = 1.0;
+  std::string json_path;
+  std::string device_name = "host:0";
+  int repeats = 7;
+  std::optional<int> workers;
+  bool list = false;
+  app.add_option("--case", case_names, "Run only these cases (repeatable, or a comma list)")
+      ->delimiter(',');
+  app.add_option("--size", scale, "Multiply every case's size by this (e.g. 0.1 for a quick run)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--json", json_path, "Also write the results to this JSON file");
+  app.add_option("--device", device_name, "Device as backend:index")->capture_default_str();
+  app.add_option("--repeats", repeats, "Timed runs per case (the median is reported)")
+      ->check(CLI::Range(5, 1000))
+      ->capture_default_str();
+  app.add_option("--workers", workers, "Worker threads of the backend (default: the backend's)");
+  app.add_flag("--list", list, "List the cases and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::vector<CaseDefinition> cases = AllCases();
+  if (list) {
+    for (const CaseDefinition& definition : cases) {
+      fmt::print("{:<22} {}\n", definition.name, definition.description);
+    }
+    return 0;
+  }
+  std::vector<const CaseDefinition*> selected;
+  for (const CaseDefinition& definition : cases) {
+    if (case_names.empty() ||
+        std::find(case_names.begin(), case_names.end(), definition.name) != case_names.end()) {
+      selected.push_back(&definition);
+    }
+  }
+  for (const std::string& name : case_names) {
+    if (std::none_of(cases.begin(), cases.end(),
+                     [&](const CaseDefinition& d) { return name == d.name; })) {
+      fmt::print(stderr, "ferry-bench: unknown case '{}' (--list shows them)\n", name);
+      return 2;
+    }
+  }
+
+  const size_t colon = device_name.find(':');
+  const std::string backend = device_name.substr(0, colon);
+  int device_index = 0;
+  if (colon != std::string::npos) {
+    const std::string index_text = device_name.substr(colon + 1);
+    char* end = nullptr;
+    const long index = std::strtol(index_text.c_str(), &end, 10);
+    if (index_text.empty() || *end != '\0' || index < 0) {
+      fmt::print(stderr, "ferry-bench: --device '{}' is not backend:index\n", device_name);
+      return 2;
+    }
+    device_index = static_cast<int>(index);
+  }
+  ClientOptions client_options;
+  client_options.num_worker_threads = workers;
+  StatusOr<std::unique_ptr<Client>> client = CreateClient(backend, client_options);
+  if (!client.ok()) {
+    fmt::print(stderr, "ferry-bench: cannot start backend '{}': {}\n", backend,
+               client.status().ToString());
+    return 1;
+  }
+  const auto devices = (*client)->devices();
+  if (device_index >= static_cast<int>(devices.size())) {
+    fmt::print(stderr, "ferry-bench: backend '{}' has {} device(s); there is no index {}\n",
+               backend, devices.size(), device_index);
+    return 2;
+  }
+  Device* device = devices[device_index];
+
+  Json machine = DescribeMachine();
+  fmt::print(
+      "ferry-bench on {} ({} cores), device {}; size x{}, median of {} runs after 1 "
+      "warm-up\n",
+      machine["cpu_model"].get<std::string>(), machine["cores"].get<unsigned>(), device->name(),
+      scale, repeats);
+  fmt::print(
+      "h2d semantics: {} (the source is fully read when the call returns); GB/s = bytes "
+      "read / time / 1e9\n",
+      HostBufferSemanticsName(kBenchSemantics));
+  if (machine.contains("cpu_busy_percent_before") &&
+      machine["cpu_busy_percent_before"].get<double>() > 10) {
+    fmt::print(
+        "note: the CPUs were {:.0f}% busy before the start: other work on this machine "
+        "may skew the times\n",
+        machine["cpu_busy_percent_before"].get<double>());
+  }
+  fmt::print("{:<22} {:>10} {:>10} {:>8} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
+             "median", "GB/s", "vs memcpy", "vs staged", "peak extra", "staged peak", "notes");
+  std::fflush(stdout);
+
+  Json results = Json::array();
+  int failures = 0;
+  const CaseContext context{device, scale};
+  for (const CaseDefinition* definition : selected) {
+    StatusOr<CaseResult> result = RunCase(*definition, context, repeats);
+    if (!result.ok()) {
+      ++failures;
+      fmt::print("{:<22} FAILED: {}\n", definition->name, result.status().ToString());
+      results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
+    } else {
+      fmt::print("{}\n", result->row);
+      result->json["device"] = device->name();
+      results.push_back(std::move(result->json));
+    }
+    std::fflush(stdout);
+  }
+
+  if (!json_path.empty()) {
+    Json document;
+    document["results"] = std::move(results);
+    machine["device"] = device->name();
+    document["machine"] = std::move(machine);
+    document["settings"] = {
+        {"size", scale},
+        {"repeats", repeats},
+        {"warmup_runs", 1},
+        {"h2d_semantics", std::string(HostBufferSemanticsName(kBenchSemantics))},
+        {"heap_accounting",
+         HeapAccountingEnabled() ? "malloc interposition" : "off (sanitizer build)"}};
+    std::ofstream out(json_path);
+    out << document.dump(2) << "\n";
+    if (!out) {
+      fmt::print(stderr, "ferry-bench: cannot write {}\n", json_path);
+      return 1;
+    }
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) { return ferry::bench::Main(argc, argv); }

@@ -1,0 +1,57 @@
+// The ways ferry-bench runs a case's transfer: ferry's own path, and the old staged path written
+// out by hand as the baseline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ferry/core/dtype.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/core/status.h"
+#include "ferry/device/device.h"
+#include "ferry/runtime/tensor_source.h"
+#include "ferry/runtime/transfer.h"
+
+namespace ferry::bench {
+
+// Every h2d transfer of the benchmark, on both paths.
+inline constexpr HostBufferSemantics kBenchSemantics =
+    HostBufferSemantics::kImmutableOnlyDuringCall;
+
+// One way of doing a case's transfer. Run() is what is timed; its results (device data, or
+// returned host tensors) stay alive until Release(), so that the memory they hold can be told
+// apart from the extra memory the run needed on the side. Not thread-safe.
+class Path {
+ public:
+  virtual ~Path() = default;
+  // One full transfer, including waiting until it is complete.
+  virtual Status Run() = 0;
+  // Bytes of the host tensors the last Run() returned to its caller (d2h; 0 for h2d).
+  virtual int64_t ResultHostBytes() const { return 0; }
+  // The last Run()'s results on the host, for the correctness check: for h2d the device data
+  // read back in the device dtype; for d2h the returned tensors (moved out).
+  virtual StatusOr<std::vector<HostTensor>> TakeResultsOnHost() = 0;
+  // Frees the last Run()'s results.
+  virtual void Release() = 0;
+};
+
+// TransferToDevice(sources, device, options) then AwaitReady.
+std::unique_ptr<Path> MakeH2DFerryPath(std::vector<std::shared_ptr<const TensorSource>> sources,
+                                       Device* device, TransferToDeviceOptions options);
+
+// The old path: per source, a fresh dense temporary of `device_dtypes[i]` (allocated every run),
+// filled by CopyConvert on the calling thread; then TransferToDevice of the temporaries with the
+// same device dtypes, AwaitReady, and the temporaries freed before Run() returns.
+std::unique_ptr<Path> MakeH2DStagedPath(std::vector<std::shared_ptr<const TensorSource>> sources,
+                                        Device* device, std::vector<DType> device_dtypes);
+
+// TransferFromDevice(data): each tensor in its logical dtype.
+std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data);
+
+// The old path: TransferFromDevice in the device dtype, then a new buffer of the logical dtype
+// filled by CopyConvert on the calling thread (a plain copy when the dtypes are equal); the
+// device-dtype copies are freed before Run() returns.
+std::unique_ptr<Path> MakeD2HStagedPath(std::vector<DataPtr> data);
+
+}  // namespace ferry::bench
