@@ -29,20 +29,18 @@ StatusOr<std::shared_ptr<DeviceAllocation>> DeviceAllocation::Create(
     std::shared_ptr<MemoryAccount> account, int64_t size_bytes, std::string_view tensor_name,
     std::string_view device_name) {
   FERRY_RETURN_IF_ERROR(account->Reserve(size_bytes, tensor_name, device_name));
-  const size_t rounded =
-      (static_cast<size_t>(size_bytes) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-  void* data = std::aligned_alloc(kHostAlignment, rounded == 0 ? kHostAlignment : rounded);
+  std::byte* data = AllocateHostMemory(size_bytes);
   if (data == nullptr) {
     account->Release(size_bytes);
     return ResourceExhaustedError(fmt::format("tensor '{}': device {} could not allocate {} bytes",
                                               tensor_name, device_name, size_bytes));
   }
   return std::shared_ptr<DeviceAllocation>(
-      new DeviceAllocation(std::move(account), static_cast<std::byte*>(data), size_bytes));
+      new DeviceAllocation(std::move(account), data, size_bytes));
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  std::free(data_);
+  FreeHostMemory(data_);
   account_->Release(size_bytes_);
 }
 
