@@ -6,9 +6,13 @@ set -euo pipefail
 packages=(
   # toolchain
   g++ cmake ninja-build pkg-config clang-format
+  # clang and its runtime libraries: the libFuzzer targets (FERRY_BUILD_FUZZERS)
+  clang libclang-rt-14-dev
   # C++ libraries (found by CMake with find_package / pkg-config)
   libabsl-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev libtbb-dev libdlpack-dev
+  # zlib: deflated .npz members
+  zlib1g-dev
   # OpenCL: the ICD loader, headers and PoCL (OpenCL on the CPU)
   ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
 )

@@ -1,0 +1,74 @@
+// MappedFile: the read-only bytes of a tensor file, shared by every tensor read from it.
+//
+// A MappedFile is either a file mapped read-only into memory (`Open`, mmap with MAP_PRIVATE) or an
+// owned in-memory copy of some bytes (`FromBytes`, used by tests and fuzzers). Either way the bytes
+// never change and stay valid for the life of the object, which is always held by
+// `std::shared_ptr<const MappedFile>`: every TensorSource borrowed from a file holds such a
+// reference, so the mapping is unmapped only after the last transfer that reads it has dropped its
+// source. All methods are thread-safe.
+//
+// A mapped file is only as immutable as the file on disk: if another process truncates the file
+// while it is mapped, touching the vanished pages raises SIGBUS (mmap's contract; ferry cannot
+// prevent it). Do not truncate or rewrite tensor files in place while they are open; replace them
+// (write a new file, then rename), which leaves the mapped old contents intact.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/types/span.h"
+#include "ferry/core/status.h"
+
+namespace ferry {
+
+class MappedFile {
+ public:
+  // Maps the regular file at `path` read-only. NotFound / PermissionDenied / ... (from errno) when
+  // it cannot be opened; InvalidArgument when it is not a regular file. An empty file maps to an
+  // empty byte range (data() == nullptr). The file descriptor is closed before this returns; the
+  // mapping alone keeps the contents reachable.
+  static StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);
+
+  // Copies `bytes` into an owned, 64-byte aligned buffer of exactly that size (so that sanitizers
+  // catch any read past the end). `display_name` is used in error messages in place of a path.
+  // ResourceExhausted when the allocation fails.
+  static StatusOr<std::shared_ptr<const MappedFile>> FromBytes(absl::Span<const std::byte> bytes,
+                                                               std::string display_name);
+
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  // The bytes; valid for the life of this object.
+  const std::byte* data() const { return data_; }
+  int64_t size() const { return size_; }
+  absl::Span<const std::byte> bytes() const { return {data_, static_cast<size_t>(size_)}; }
+  // The path (for mapped files) or the display name (for in-memory bytes).
+  const std::string& display_name() const { return display_name_; }
+  // True for a file mapping, false for in-memory bytes.
+  bool is_mapped() const { return is_mapped_; }
+
+  // Asks the kernel to read [offset, offset + size) of a mapped file ahead, so that a transfer does
+  // not fault it in page by page from one thread:
+  //   - always: madvise(MADV_WILLNEED) on the range (page-aligned), which starts asynchronous
+  //     read-ahead and returns at once;
+  //   - with `touch_threads` > 0: additionally reads one byte of every page of the range from that
+  //     many threads at once and returns when all pages are resident. Several threads keep several
+  //     reads in flight, which a cold file on a fast SSD needs to reach its bandwidth.
+  // The range is clamped to the file. A no-op for in-memory bytes. Errors of madvise are ignored:
+  // prefetching is advice, and the data stays readable either way.
+  void Prefetch(int64_t offset, int64_t size, int touch_threads = 0) const;
+
+ private:
+  MappedFile() = default;
+
+  const std::byte* data_ = nullptr;
+  int64_t size_ = 0;
+  bool is_mapped_ = false;
+  std::string display_name_;
+};
+
+}  // namespace ferry

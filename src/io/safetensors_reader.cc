@@ -1,0 +1,331 @@
+// The rules are those of the reference reader (safetensors/src/tensor.rs, `read_metadata` and
+// `Metadata::validate`), plus one of ferry's own: duplicate JSON keys are rejected, where serde
+// keeps the last one silently (so two tensors could claim one name and one would vanish).
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "nlohmann/json.hpp"
+#include "src/io/file_error.h"
+#include "src/io/little_endian.h"
+#include "src/io/safetensors.h"
+#include "src/io/utf8.h"
+
+namespace ferry::io_internal {
+namespace {
+
+using Json = nlohmann::json;
+
+struct HeaderEntry {
+  std::string name;
+  std::string dtype_name;
+  DType dtype = DType::kF32;
+  Dims dims;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+std::string_view JsonTypeName(const Json& value) {
+  if (value.is_number_float()) return "a non-integer number";
+  if (value.is_number_integer() && !value.is_number_unsigned()) return "a negative number";
+  return value.type_name();
+}
+
+// Parses the header text, rejecting duplicate keys at any level and excessive nesting.
+StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) {
+  std::vector<std::unordered_set<std::string>> open_objects;
+  std::string duplicate_key;
+  bool too_deep = false;
+  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (depth >= kSafetensorsMaxJsonDepth) too_deep = true;
+        if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+        if (!open_objects.empty()) open_objects.pop_back();
+        break;
+      case Json::parse_event_t::key:
+        if (!open_objects.empty() && parsed.is_string() &&
+            !open_objects.back().insert(parsed.get_ref<const std::string&>()).second &&
+            duplicate_key.empty()) {
+          duplicate_key = parsed.get_ref<const std::string&>();
+        }
+        break;
+      default:
+        break;
+    }
+    // Stop building a deep document as soon as it is known to be rejected.
+    return !too_deep;
+  };
+  Json header;
+  try {
+    header = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
+                         /*ignore_comments=*/false);
+  } catch (const Json::exception& error) {
+    if (too_deep) {
+      return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
+                                                 kSafetensorsMaxJsonDepth));
+    }
+    return MalformedError(context, fmt::format("the header is not valid JSON: {}", error.what()));
+  }
+  if (too_deep) {
+    return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
+                                               kSafetensorsMaxJsonDepth));
+  }
+  if (!duplicate_key.empty()) {
+    return MalformedError(context,
+                          fmt::format("the JSON header has the key \"{}\" twice", duplicate_key));
+  }
+  if (!header.is_object()) {
+    return MalformedError(
+        context, fmt::format("the JSON header is {}, not an object", JsonTypeName(header)));
+  }
+  return header;
+}
+
+Status ParseMetadata(const Json& value, std::string_view context,
+                     std::map<std::string, std::string>& metadata) {
+  if (value.is_null()) return OkStatus();  // serde reads null as "no metadata"
+  if (!value.is_object()) {
+    return MalformedError(
+        context,
+        fmt::format("\"__metadata__\" must be an object of strings, not {}", JsonTypeName(value)));
+  }
+  for (const auto& [key, item] : value.items()) {
+    if (!item.is_string()) {
+      return MalformedError(
+          context, fmt::format("\"__metadata__\" must map strings to strings, but \"{}\" is {}",
+                               key, JsonTypeName(item)));
+    }
+    metadata.emplace(key, item.get<std::string>());
+  }
+  return OkStatus();
+}
+
+// Reads a non-negative JSON integer that fits int64 (dims and offsets; nothing larger can lie in a
+// file, and HostView dims are int64).
+StatusOr<uint64_t> ParseUnsigned(const Json& value, std::string_view what,
+                                 std::string_view context) {
+  if (!value.is_number_unsigned()) {
+    return MalformedError(context, fmt::format("{} must be a non-negative integer, not {}", what,
+                                               JsonTypeName(value)));
+  }
+  const uint64_t number = value.get<uint64_t>();
+  if (number > static_cast<uint64_t>(INT64_MAX)) {
+    return MalformedError(context, fmt::format("{} {} is larger than 2^63 - 1", what, number));
+  }
+  return number;
+}
+
+std::string KnownDTypeNames() {
+  std::vector<std::string_view> names;
+  for (DType dtype : AllDTypes()) {
+    if (!GetDTypeInfo(dtype).safetensors_name.empty()) {
+      names.push_back(GetDTypeInfo(dtype).safetensors_name);
+    }
+  }
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+StatusOr<HeaderEntry> ParseEntry(const std::string& name, const Json& value,
+                                 std::string_view file_name) {
+  const std::string context = TensorContext(file_name, name);
+  if (!value.is_object()) {
+    return MalformedError(context, fmt::format("the entry must be an object with \"dtype\", "
+                                               "\"shape\" and \"data_offsets\", not {}",
+                                               JsonTypeName(value)));
+  }
+  HeaderEntry entry;
+  entry.name = name;
+  // Other keys are ignored, as the reference does.
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(key)) {
+      return MalformedError(context, fmt::format("the entry has no \"{}\"", key));
+    }
+  }
+  const Json& dtype = value.at("dtype");
+  if (!dtype.is_string()) {
+    return MalformedError(context,
+                          fmt::format("\"dtype\" must be a string, not {}", JsonTypeName(dtype)));
+  }
+  entry.dtype_name = dtype.get<std::string>();
+  auto parsed_dtype = DTypeFromSafetensorsName(entry.dtype_name);
+  if (!parsed_dtype.ok()) {
+    return MalformedError(context, fmt::format("unsupported dtype \"{}\" (ferry reads {})",
+                                               entry.dtype_name, KnownDTypeNames()));
+  }
+  entry.dtype = *parsed_dtype;
+
+  const Json& shape = value.at("shape");
+  if (!shape.is_array()) {
+    return MalformedError(context, fmt::format("\"shape\" must be an array of non-negative "
+                                               "integers, not {}",
+                                               JsonTypeName(shape)));
+  }
+  for (size_t i = 0; i < shape.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(uint64_t dim,
+                           ParseUnsigned(shape[i], fmt::format("shape[{}]", i), context));
+    entry.dims.push_back(static_cast<int64_t>(dim));
+  }
+
+  const Json& offsets = value.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2) {
+    return MalformedError(context,
+                          "\"data_offsets\" must be an array of two integers [begin, end]");
+  }
+  FERRY_ASSIGN_OR_RETURN(entry.begin, ParseUnsigned(offsets[0], "data_offsets[0]", context));
+  FERRY_ASSIGN_OR_RETURN(entry.end, ParseUnsigned(offsets[1], "data_offsets[1]", context));
+  return entry;
+}
+
+// The reference's Metadata::validate: entries sorted by offset tile the data area from 0, and
+// each holds exactly its shape's bytes. Returns the end of the last tensor's data.
+StatusOr<uint64_t> ValidateLayout(const std::vector<HeaderEntry>& entries,
+                                  std::string_view file_name) {
+  uint64_t expected_begin = 0;
+  const HeaderEntry* previous = nullptr;
+  for (const HeaderEntry& entry : entries) {
+    const std::string context = TensorContext(file_name, entry.name);
+    if (entry.end < entry.begin) {
+      return MalformedError(context, fmt::format("data_offsets [{}, {}] end before they begin",
+                                                 entry.begin, entry.end));
+    }
+    if (entry.begin != expected_begin) {
+      if (previous == nullptr) {
+        return MalformedError(
+            context, fmt::format("data_offsets [{}, {}]: the first tensor's data must start at "
+                                 "byte 0 of the data area",
+                                 entry.begin, entry.end));
+      }
+      if (entry.begin > expected_begin) {
+        return MalformedError(context,
+                              fmt::format("data_offsets [{}, {}] leave a gap of {} bytes after "
+                                          "tensor '{}', which ends at byte {}",
+                                          entry.begin, entry.end, entry.begin - expected_begin,
+                                          previous->name, expected_begin));
+      }
+      return MalformedError(context,
+                            fmt::format("data_offsets [{}, {}] overlap tensor '{}', which ends "
+                                        "at byte {}",
+                                        entry.begin, entry.end, previous->name, expected_begin));
+    }
+    // Checked multiplication, left to right, as the reference does.
+    uint64_t num_bytes = 1;
+    bool overflow = false;
+    for (int64_t dim : entry.dims) {
+      overflow =
+          overflow || __builtin_mul_overflow(num_bytes, static_cast<uint64_t>(dim), &num_bytes);
+    }
+    overflow =
+        overflow || __builtin_mul_overflow(num_bytes, static_cast<uint64_t>(DTypeSize(entry.dtype)),
+                                           &num_bytes);
+    if (overflow) {
+      return MalformedError(context, fmt::format("the byte size of shape [{}] of {} overflows",
+                                                 fmt::join(entry.dims, ", "), entry.dtype_name));
+    }
+    if (entry.end - entry.begin != num_bytes) {
+      return MalformedError(
+          context, fmt::format("data_offsets [{}, {}] hold {} bytes, but shape [{}] of {} needs {}",
+                               entry.begin, entry.end, entry.end - entry.begin,
+                               fmt::join(entry.dims, ", "), entry.dtype_name, num_bytes));
+    }
+    expected_begin = entry.end;
+    previous = &entry;
+  }
+  return expected_begin;
+}
+
+}  // namespace
+
+StatusOr<ParsedTensors> ParseSafetensors(const std::shared_ptr<const MappedFile>& file) {
+  const std::string& file_name = file->display_name();
+  const std::string context = FileContext(file_name);
+  const int64_t file_size = file->size();
+  if (file_size < 8) {
+    return MalformedError(context, fmt::format("{} bytes is too small for a safetensors file (the "
+                                               "header size alone takes 8 bytes)",
+                                               file_size));
+  }
+  const uint64_t header_size = LoadLittleEndian<uint64_t>(file->data());
+  if (header_size > static_cast<uint64_t>(kSafetensorsMaxHeaderSize)) {
+    return MalformedError(context, fmt::format("the header size {} exceeds the limit of {} bytes",
+                                               header_size, kSafetensorsMaxHeaderSize));
+  }
+  if (header_size > static_cast<uint64_t>(file_size - 8)) {
+    return MalformedError(context, fmt::format("the header size {} reaches past the end of the "
+                                               "{}-byte file",
+                                               header_size, file_size));
+  }
+  const std::string_view header_text(reinterpret_cast<const char*>(file->data() + 8),
+                                     static_cast<size_t>(header_size));
+  if (const int64_t invalid = FindInvalidUtf8(header_text); invalid >= 0) {
+    return MalformedError(
+        context, fmt::format("the header is not valid UTF-8 (at header byte {})", invalid));
+  }
+  // JSON never holds a raw NUL (control characters in strings must be escaped), but nlohmann's
+  // lexer takes one as the end of its input and would accept whatever follows it.
+  if (const size_t nul = header_text.find('\0'); nul != std::string_view::npos) {
+    return MalformedError(context, fmt::format("the header is not valid JSON: a NUL byte at header "
+                                               "byte {}",
+                                               nul));
+  }
+  FERRY_ASSIGN_OR_RETURN(Json header, ParseHeaderJson(header_text, context));
+
+  ParsedTensors parsed;
+  std::vector<HeaderEntry> entries;
+  entries.reserve(header.size());
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      FERRY_RETURN_IF_ERROR(ParseMetadata(value, context, parsed.metadata));
+      continue;
+    }
+    FERRY_ASSIGN_OR_RETURN(HeaderEntry entry, ParseEntry(name, value, file_name));
+    entries.push_back(std::move(entry));
+  }
+  // Offset order is the order of the bytes in the file; names break ties between empty tensors.
+  std::sort(entries.begin(), entries.end(), [](const HeaderEntry& a, const HeaderEntry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  FERRY_ASSIGN_OR_RETURN(uint64_t data_end, ValidateLayout(entries, file_name));
+  const int64_t data_begin = 8 + static_cast<int64_t>(header_size);
+  const uint64_t data_size = static_cast<uint64_t>(file_size - data_begin);
+  if (data_end > data_size) {
+    return MalformedError(context,
+                          fmt::format("the tensors' data ends at byte {} of the data area, "
+                                      "but the file holds only {} bytes of data "
+                                      "(truncated?)",
+                                      data_end, data_size));
+  }
+  if (data_end < data_size) {
+    return MalformedError(context, fmt::format("{} trailing bytes after the last tensor's data",
+                                               data_size - data_end));
+  }
+
+  parsed.data_begin = data_begin;
+  parsed.data_end = file_size;
+  parsed.tensors.reserve(entries.size());
+  for (const HeaderEntry& entry : entries) {
+    StoredTensor tensor;
+    tensor.name = entry.name;
+    tensor.dtype = entry.dtype;
+    tensor.dims = entry.dims;
+    const int64_t file_offset = data_begin + static_cast<int64_t>(entry.begin);
+    tensor.data = file->data() + file_offset;
+    tensor.num_bytes = static_cast<int64_t>(entry.end - entry.begin);
+    FERRY_ASSIGN_OR_RETURN(TensorFileEntry made,
+                           MakeTensorEntry(tensor, file->data(), file_size, file,
+                                           /*zero_copy=*/true, file_offset, file_name));
+    parsed.tensors.push_back(std::move(made));
+  }
+  return parsed;
+}
+
+}  // namespace ferry::io_internal

@@ -1,0 +1,82 @@
+#include "ferry/io/tensor_file.h"
+
+#include <cstring>
+#include <utility>
+
+#include "src/io/npy.h"
+#include "src/io/npz.h"
+#include "src/io/safetensors.h"
+#include "src/io/stored_tensor.h"
+
+namespace ferry {
+namespace {
+
+// safetensors has no magic (it starts with its header size), so it is what is left.
+TensorFileFormat DetectFormat(const MappedFile& file) {
+  const auto starts_with = [&](std::string_view magic) {
+    return file.size() >= static_cast<int64_t>(magic.size()) &&
+           std::memcmp(file.data(), magic.data(), magic.size()) == 0;
+  };
+  if (starts_with("\x93NUMPY")) return TensorFileFormat::kNpy;
+  if (starts_with("PK\x03\x04") || starts_with("PK\x05\x06")) return TensorFileFormat::kNpz;
+  return TensorFileFormat::kSafetensors;
+}
+
+}  // namespace
+
+std::string_view TensorFileFormatName(TensorFileFormat format) {
+  switch (format) {
+    case TensorFileFormat::kSafetensors:
+      return "safetensors";
+    case TensorFileFormat::kNpy:
+      return "npy";
+    case TensorFileFormat::kNpz:
+      return "npz";
+  }
+  return "unknown";
+}
+
+StatusOr<TensorFile> TensorFile::Open(const std::string& path, const TensorFileOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
+  return ParseTensorFile(std::move(file), options);
+}
+
+const TensorFileEntry* TensorFile::Find(std::string_view name) const {
+  for (const TensorFileEntry& entry : tensors_) {
+    if (entry.name == name) return &entry;
+  }
+  return nullptr;
+}
+
+void TensorFile::Prefetch(int touch_threads) const {
+  file_->Prefetch(data_begin_, data_end_ - data_begin_, touch_threads);
+}
+
+StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
+                                     const TensorFileOptions& options) {
+  if (file == nullptr) return InvalidArgumentError("ParseTensorFile: no file");
+  const TensorFileFormat format = options.format.value_or(DetectFormat(*file));
+  StatusOr<io_internal::ParsedTensors> parsed = InvalidArgumentError("unknown tensor file format");
+  switch (format) {
+    case TensorFileFormat::kSafetensors:
+      parsed = io_internal::ParseSafetensors(file);
+      break;
+    case TensorFileFormat::kNpy:
+      parsed = io_internal::ParseNpyFile(file);
+      break;
+    case TensorFileFormat::kNpz:
+      parsed = io_internal::ParseNpz(file, options);
+      break;
+  }
+  if (!parsed.ok()) return parsed.status();
+  TensorFile result;
+  result.file_ = std::move(file);
+  result.format_ = format;
+  result.tensors_ = std::move(parsed->tensors);
+  result.metadata_ = std::move(parsed->metadata);
+  result.data_begin_ = parsed->data_begin;
+  result.data_end_ = parsed->data_end;
+  return result;
+}
+
+}  // namespace ferry

@@ -1,0 +1,298 @@
+// Every rule of the safetensors reader, each with a file that breaks it and the message it must
+// produce; plus what valid files give: zero-copy views at the right offsets, metadata, order.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ferry/io/tensor_file.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io_test_util.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::io_test::Le64;
+using ::ferry::io_test::ParseBytes;
+using ::ferry::io_test::RawBytes;
+using ::ferry::io_test::SafetensorsBytes;
+using ::testing::HasSubstr;
+
+// Parses `bytes` as safetensors and expects InvalidArgument with every one of `parts` in it.
+void ExpectRejected(const std::string& bytes, const std::vector<std::string>& parts) {
+  auto parsed = ParseBytes(bytes, "model.safetensors", TensorFileFormat::kSafetensors);
+  ASSERT_FALSE(parsed.ok()) << "accepted a malformed file";
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(parsed.status().message());
+  EXPECT_THAT(message, HasSubstr("file 'model.safetensors'"));
+  for (const std::string& part : parts) EXPECT_THAT(message, HasSubstr(part));
+}
+
+std::string OneTensor(const std::string& entry, const std::string& data) {
+  return SafetensorsBytes("{\"t\":" + entry + "}", data);
+}
+
+TEST(SafetensorsReaderTest, ValidFileGivesZeroCopyViewsAtTheirOffsets) {
+  const std::vector<float> weight = {1.5f, -2.0f, 3.25f, 4.0f, 5.0f, 6.0f};
+  const std::vector<int16_t> ids = {7, -8, 9};
+  const std::string header = R"({"weight":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+                             R"("ids":{"dtype":"I16","shape":[3],"data_offsets":[24,30]},)"
+                             R"("__metadata__":{"format":"pt","note":"x"}})";
+  const std::string bytes = SafetensorsBytes(header, RawBytes(weight) + RawBytes(ids));
+  auto parsed = ParseBytes(bytes, "model.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->format(), TensorFileFormat::kSafetensors);
+  EXPECT_EQ(parsed->format_name(), "safetensors");
+  EXPECT_EQ(parsed->file_size(), static_cast<int64_t>(bytes.size()));
+  ASSERT_EQ(parsed->tensors().size(), 2u);
+  // In data-offset order, not the header's (alphabetical) order.
+  EXPECT_EQ(parsed->tensors()[0].name, "weight");
+  EXPECT_EQ(parsed->tensors()[1].name, "ids");
+  const TensorFileEntry* w = parsed->Find("weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_TRUE(w->zero_copy);
+  EXPECT_FALSE(w->byte_swapped);
+  EXPECT_EQ(w->file_offset, 8 + static_cast<int64_t>(header.size()));
+  const HostView& view = w->source->view();
+  EXPECT_EQ(view.dtype, DType::kF32);
+  EXPECT_EQ(view.dims, Dims({2, 3}));
+  EXPECT_EQ(view.byte_strides, Dims({12, 4}));
+  // Zero copy: the view points into the file's own bytes.
+  EXPECT_EQ(view.data, parsed->file()->data() + w->file_offset);
+  const auto* values = static_cast<const float*>(view.data);
+  EXPECT_EQ(std::vector<float>(values, values + 6), weight);
+  const HostView& ids_view = parsed->Find("ids")->source->view();
+  EXPECT_EQ(ids_view.dtype, DType::kS16);
+  EXPECT_EQ(parsed->Find("missing"), nullptr);
+  EXPECT_EQ(parsed->metadata().at("format"), "pt");
+  EXPECT_EQ(parsed->metadata().at("note"), "x");
+  EXPECT_EQ(w->source->name(), "model.safetensors:weight");
+}
+
+TEST(SafetensorsReaderTest, EmptyHeaderWithNoTensorsIsValid) {
+  auto parsed = ParseBytes(SafetensorsBytes("{}      ", ""), "m.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->tensors().empty());
+}
+
+TEST(SafetensorsReaderTest, ScalarAndEmptyTensorsAreValid) {
+  const std::string header = R"({"s":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
+                             R"("e":{"dtype":"F32","shape":[0,5],"data_offsets":[8,8]},)"
+                             R"("e2":{"dtype":"U8","shape":[3,0],"data_offsets":[8,8]}})";
+  auto parsed = ParseBytes(SafetensorsBytes(header, RawBytes(std::vector<double>{2.5})));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->Find("s")->source->view().rank(), 0);
+  // The header is not padded, so the data is unaligned: read it with memcpy.
+  double scalar;
+  std::memcpy(&scalar, parsed->Find("s")->source->view().data, sizeof(scalar));
+  EXPECT_EQ(scalar, 2.5);
+  EXPECT_EQ(parsed->Find("e")->source->view().num_elements(), 0);
+  EXPECT_EQ(parsed->Find("e2")->source->view().num_elements(), 0);
+}
+
+TEST(SafetensorsReaderTest, JsonWhitespaceAroundTheObjectIsAccepted) {
+  auto parsed = ParseBytes(SafetensorsBytes(
+      " \n\t{\"t\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}} \r\n ", "ab"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->tensors().size(), 1u);
+}
+
+TEST(SafetensorsReaderTest, Float8TypesAreReadAsStorageOnlyDTypes) {
+  const std::string header = R"({"a":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]},)"
+                             R"("b":{"dtype":"F8_E5M2","shape":[2],"data_offsets":[2,4]}})";
+  auto parsed = ParseBytes(SafetensorsBytes(header, "\x01\x02\x03\x04"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->Find("a")->source->view().dtype, DType::kF8E4M3FN);
+  EXPECT_EQ(parsed->Find("b")->source->view().dtype, DType::kF8E5M2);
+}
+
+TEST(SafetensorsReaderTest, EveryKnownDTypeNameMapsToItsDType) {
+  for (DType dtype : AllDTypes()) {
+    const DTypeInfo& info = GetDTypeInfo(dtype);
+    if (info.safetensors_name.empty()) continue;
+    const std::string header = "{\"t\":{\"dtype\":\"" + std::string(info.safetensors_name) +
+                               "\",\"shape\":[3],\"data_offsets\":[0," +
+                               std::to_string(3 * info.size_bytes) + "]}}";
+    auto parsed = ParseBytes(SafetensorsBytes(header, std::string(3 * info.size_bytes, '\x01')));
+    ASSERT_TRUE(parsed.ok()) << info.name << ": " << parsed.status();
+    EXPECT_EQ(parsed->tensors()[0].source->view().dtype, dtype) << info.name;
+  }
+}
+
+TEST(SafetensorsReaderTest, FileShorterThanTheHeaderSizeFieldIsRejected) {
+  ExpectRejected("", {"0 bytes is too small"});
+  ExpectRejected(std::string("\x02\x00\x00", 3), {"3 bytes is too small"});
+}
+
+TEST(SafetensorsReaderTest, HeaderLargerThanTheLimitIsRejected) {
+  ExpectRejected(Le64(100'000'001) + "{}", {"header size 100000001 exceeds the limit"});
+  ExpectRejected(Le64(UINT64_MAX) + "{}", {"exceeds the limit"});
+}
+
+TEST(SafetensorsReaderTest, HeaderReachingPastTheEndOfTheFileIsRejected) {
+  ExpectRejected(Le64(64) + "{}", {"header size 64 reaches past the end of the 10-byte file"});
+}
+
+TEST(SafetensorsReaderTest, HeaderThatIsNotUtf8IsRejected) {
+  ExpectRejected(SafetensorsBytes("{\"\xC3\x28\":1}", ""), {"not valid UTF-8", "header byte 2"});
+  // An overlong encoding of '/' and a surrogate are invalid too.
+  ExpectRejected(SafetensorsBytes("{\"\xC0\xAF\":{}}", ""), {"not valid UTF-8"});
+  ExpectRejected(SafetensorsBytes("{\"\xED\xA0\x80\":{}}", ""), {"not valid UTF-8"});
+}
+
+TEST(SafetensorsReaderTest, HeaderThatIsNotJsonIsRejected) {
+  ExpectRejected(SafetensorsBytes("{\"t\":", ""), {"not valid JSON"});
+  ExpectRejected(SafetensorsBytes("{} {}", ""), {"not valid JSON"});
+  ExpectRejected(SafetensorsBytes("{'t':1}", ""), {"not valid JSON"});
+  // nlohmann's lexer alone would stop at a NUL and accept the rest.
+  ExpectRejected(SafetensorsBytes(std::string("{}\0\0", 4), ""),
+                 {"not valid JSON", "NUL byte at header byte 2"});
+  ExpectRejected(SafetensorsBytes(std::string("{}\0{\"x\":1}", 10), ""), {"NUL byte"});
+}
+
+TEST(SafetensorsReaderTest, HeaderThatIsNotAnObjectIsRejected) {
+  ExpectRejected(SafetensorsBytes("[1,2]", ""), {"the JSON header is array, not an object"});
+}
+
+TEST(SafetensorsReaderTest, DeeplyNestedJsonIsRejected) {
+  const std::string deep = "{\"__x\":" + std::string(200, '[') + std::string(200, ']') + "}";
+  ExpectRejected(SafetensorsBytes(deep, ""), {"nests deeper than 128 levels"});
+}
+
+TEST(SafetensorsReaderTest, DuplicateTensorNamesAreRejected) {
+  const std::string header = R"({"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                             R"("t":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})";
+  ExpectRejected(SafetensorsBytes(header, "ab"), {"the key \"t\" twice"});
+}
+
+TEST(SafetensorsReaderTest, DuplicateKeysInsideAnEntryOrTheMetadataAreRejected) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]})", "a"),
+                 {"the key \"dtype\" twice"});
+  ExpectRejected(SafetensorsBytes(R"({"__metadata__":{"k":"a","k":"b"}})", ""),
+                 {"the key \"k\" twice"});
+}
+
+TEST(SafetensorsReaderTest, MetadataMustMapStringsToStrings) {
+  ExpectRejected(SafetensorsBytes(R"({"__metadata__":{"k":1}})", ""),
+                 {"\"__metadata__\" must map strings to strings", "\"k\" is number"});
+  ExpectRejected(SafetensorsBytes(R"({"__metadata__":{"k":{"x":"y"}}})", ""), {"\"k\" is object"});
+  ExpectRejected(SafetensorsBytes(R"({"__metadata__":["a"]})", ""),
+                 {"\"__metadata__\" must be an object of strings, not array"});
+  // null is "no metadata", as serde reads an Option.
+  auto parsed = ParseBytes(SafetensorsBytes(R"({"__metadata__":null})", ""));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->metadata().empty());
+}
+
+TEST(SafetensorsReaderTest, EntryMustBeAnObjectWithDTypeShapeAndOffsets) {
+  ExpectRejected(OneTensor("[\"U8\",[1],[0,1]]", "a"), {"tensor 't'", "must be an object"});
+  ExpectRejected(OneTensor(R"({"shape":[1],"data_offsets":[0,1]})", "a"),
+                 {"tensor 't'", "no \"dtype\""});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","data_offsets":[0,1]})", "a"), {"no \"shape\""});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1]})", "a"), {"no \"data_offsets\""});
+  // Unknown keys are ignored, as the reference does.
+  auto parsed =
+      ParseBytes(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":true})", "a"));
+  EXPECT_TRUE(parsed.ok()) << parsed.status();
+}
+
+TEST(SafetensorsReaderTest, UnknownDTypesAreRejectedByName) {
+  for (const char* dtype : {"F8_E8M0", "F4", "F6_E2M3", "C128", "f32", "float32"}) {
+    ExpectRejected(
+        OneTensor(std::string(R"({"dtype":")") + dtype + R"(","shape":[1],"data_offsets":[0,1]})",
+                  "a"),
+        {"tensor 't'", std::string("unsupported dtype \"") + dtype + "\"", "F32"});
+  }
+  ExpectRejected(OneTensor(R"({"dtype":7,"shape":[1],"data_offsets":[0,1]})", "a"),
+                 {"\"dtype\" must be a string, not number"});
+}
+
+TEST(SafetensorsReaderTest, ShapeMustHoldNonNegativeIntegers) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[-1],"data_offsets":[0,0]})", ""),
+                 {"shape[0] must be a non-negative integer, not a negative number"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1,2.0],"data_offsets":[0,2]})", "ab"),
+                 {"shape[1] must be a non-negative integer, not a non-integer number"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":["1"],"data_offsets":[0,1]})", "a"),
+                 {"shape[0] must be a non-negative integer, not string"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":7,"data_offsets":[0,1]})", "a"),
+                 {"\"shape\" must be an array"});
+  ExpectRejected(
+      OneTensor(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]})", ""),
+      {"shape[0] 9223372036854775808 is larger than 2^63 - 1"});
+}
+
+TEST(SafetensorsReaderTest, DataOffsetsMustBeTwoNonNegativeIntegers) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0]})", "a"),
+                 {"\"data_offsets\" must be an array of two integers"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1,2]})", "a"),
+                 {"\"data_offsets\" must be an array of two integers"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[-1,0]})", "a"),
+                 {"data_offsets[0] must be a non-negative integer"});
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1.5]})", "a"),
+                 {"data_offsets[1] must be a non-negative integer"});
+}
+
+TEST(SafetensorsReaderTest, OffsetsThatEndBeforeTheyBeginAreRejected) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[1,0]})", "a"),
+                 {"tensor 't'", "data_offsets [1, 0] end before they begin"});
+}
+
+TEST(SafetensorsReaderTest, DataMustStartAtByteZero) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[1,2]})", "ab"),
+                 {"tensor 't'", "the first tensor's data must start at byte 0"});
+}
+
+TEST(SafetensorsReaderTest, GapBetweenTensorsIsRejected) {
+  const std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                             R"("b":{"dtype":"U8","shape":[1],"data_offsets":[3,4]}})";
+  ExpectRejected(SafetensorsBytes(header, "abcd"),
+                 {"tensor 'b'", "leave a gap of 1 bytes after tensor 'a', which ends at byte 2"});
+}
+
+TEST(SafetensorsReaderTest, OverlappingTensorsAreRejected) {
+  const std::string header = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                             R"("b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})";
+  ExpectRejected(SafetensorsBytes(header, "abc"),
+                 {"tensor 'b'", "overlap tensor 'a', which ends at byte 2"});
+  // Two tensors on the same bytes overlap too.
+  const std::string same = R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                           R"("b":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+  ExpectRejected(SafetensorsBytes(same, "ab"), {"overlap tensor 'a'"});
+}
+
+TEST(SafetensorsReaderTest, ByteSizeMustMatchShapeTimesElementSize) {
+  ExpectRejected(
+      OneTensor(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,20]})", std::string(20, '\0')),
+      {"tensor 't'", "data_offsets [0, 20] hold 20 bytes, but shape [2, 3] of F32 needs 24"});
+}
+
+TEST(SafetensorsReaderTest, ShapeWhoseByteSizeOverflowsIsRejected) {
+  // 2^32 * 2^32 elements overflow the checked multiplication before the 0 is reached.
+  ExpectRejected(
+      OneTensor(R"({"dtype":"U8","shape":[4294967296,4294967296,0],"data_offsets":[0,0]})", ""),
+      {"tensor 't'", "byte size of shape [4294967296, 4294967296, 0] of U8 overflows"});
+  ExpectRejected(
+      OneTensor(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]})", ""),
+      {"overflows"});
+}
+
+TEST(SafetensorsReaderTest, TrailingBytesAfterTheLastTensorAreRejected) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})", "ab"),
+                 {"1 trailing bytes after the last tensor's data"});
+  ExpectRejected(SafetensorsBytes("{}", "x"), {"1 trailing bytes"});
+}
+
+TEST(SafetensorsReaderTest, DataPastTheEndOfTheFileIsRejected) {
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[4],"data_offsets":[0,4]})", "ab"),
+                 {"data ends at byte 4 of the data area", "only 2 bytes of data"});
+}
+
+TEST(SafetensorsReaderTest, FormatIsDetectedAsSafetensorsWithoutMagic) {
+  auto parsed = ParseBytes(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})", "a"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->format(), TensorFileFormat::kSafetensors);
+}
+
+}  // namespace
+}  // namespace ferry

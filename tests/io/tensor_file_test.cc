@@ -1,0 +1,120 @@
+// TensorFile as a whole: opening files from disk, format detection, lifetime of the mapping
+// (sources outlive the file object), Prefetch, and errors from the file system.
+#include "ferry/io/tensor_file.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ferry/io/tensor_writer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "io_test_util.h"
+
+namespace ferry {
+namespace {
+
+using ::ferry::io_test::NpyBytes;
+using ::ferry::io_test::RawBytes;
+using ::ferry::io_test::TempDir;
+using ::ferry::io_test::WriteFileBytes;
+using ::testing::HasSubstr;
+
+TEST(TensorFileTest, FormatIsDetectedFromTheBytesNotTheExtension) {
+  std::vector<float> values = {1, 2, 3};
+  const HostView view = io_test::DenseView(values.data(), DType::kF32, {3});
+  TempDir dir;
+  ASSERT_TRUE(WriteNpy(dir.Path("a.bin"), view).ok());
+  ASSERT_TRUE(WriteNpz(dir.Path("b.bin"), {{"x", view}}, false).ok());
+  ASSERT_TRUE(WriteSafetensors(dir.Path("c.bin"), {{"x", view}}).ok());
+  EXPECT_EQ(TensorFile::Open(dir.Path("a.bin"))->format(), TensorFileFormat::kNpy);
+  EXPECT_EQ(TensorFile::Open(dir.Path("b.bin"))->format(), TensorFileFormat::kNpz);
+  EXPECT_EQ(TensorFile::Open(dir.Path("c.bin"))->format(), TensorFileFormat::kSafetensors);
+  // An explicit format overrides detection (and then fails on the wrong bytes).
+  TensorFileOptions options;
+  options.format = TensorFileFormat::kNpz;
+  auto wrong = TensorFile::Open(dir.Path("a.bin"), options);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TensorFileTest, SourcesKeepTheMappingAliveAfterTheFileObjectIsGone) {
+  std::vector<int32_t> values = {10, 20, 30, 40};
+  TempDir dir;
+  const std::string path = dir.Path("keep.safetensors");
+  ASSERT_TRUE(
+      WriteSafetensors(path, {{"v", io_test::DenseView(values.data(), DType::kS32, {4})}}).ok());
+  std::shared_ptr<const TensorSource> source;
+  std::weak_ptr<const MappedFile> mapping;
+  {
+    auto file = TensorFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_TRUE(file->file()->is_mapped());
+    source = file->tensors()[0].source;
+    mapping = file->file();
+  }
+  // The file is even deleted: the mapping still holds its pages.
+  std::filesystem::remove(path);
+  ASSERT_FALSE(mapping.expired());
+  const auto* data = static_cast<const int32_t*>(source->view().data);
+  EXPECT_EQ(std::vector<int32_t>(data, data + 4), values);
+  source.reset();
+  EXPECT_TRUE(mapping.expired()) << "the last source should unmap the file";
+}
+
+TEST(TensorFileTest, PrefetchLeavesTheDataReadable) {
+  std::vector<double> values(100000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i) * 0.5;
+  TempDir dir;
+  const std::string path = dir.Path("p.npy");
+  ASSERT_TRUE(WriteNpy(path, io_test::DenseView(values.data(), DType::kF64, {100000})).ok());
+  auto file = TensorFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  file->Prefetch();
+  file->Prefetch(/*touch_threads=*/3);
+  file->Prefetch(/*touch_threads=*/1000);  // more threads than pages is fine
+  file->file()->Prefetch(-5, 1 << 30, 2);  // out-of-range requests are clamped
+  const auto* data = static_cast<const double*>(file->tensors()[0].source->view().data);
+  EXPECT_EQ(std::vector<double>(data, data + values.size()), values);
+}
+
+TEST(TensorFileTest, MissingFileIsNotFoundNamingThePath) {
+  auto file = TensorFile::Open("/nonexistent/model.safetensors");
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("/nonexistent/model.safetensors"));
+}
+
+TEST(TensorFileTest, DirectoryIsNotARegularFile) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.Path("sub"));
+  auto file = TensorFile::Open(dir.Path("sub"));
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("not a regular file"));
+}
+
+TEST(TensorFileTest, EmptyFileIsMalformedNotACrash) {
+  TempDir dir;
+  WriteFileBytes(dir.Path("empty"), "");
+  auto file = TensorFile::Open(dir.Path("empty"));
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(file.status().message()), HasSubstr("0 bytes is too small"));
+}
+
+TEST(TensorFileTest, NpyFileFromDiskIsNamedAfterItsBaseName) {
+  TempDir dir;
+  WriteFileBytes(dir.Path("layer.0.weight.npy"),
+                 NpyBytes("{'descr': '<u1', 'fortran_order': False, 'shape': (2,), }", "ab"));
+  auto file = TensorFile::Open(dir.Path("layer.0.weight.npy"));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors()[0].name, "layer.0.weight");
+  EXPECT_EQ(file->display_name(), dir.Path("layer.0.weight.npy"));
+}
+
+TEST(TensorFileTest, FormatNamesAreStable) {
+  EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kSafetensors), "safetensors");
+  EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kNpy), "npy");
+  EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kNpz), "npz");
+}
+
+}  // namespace
+}  // namespace ferry
