@@ -536,7 +536,50 @@ Json DescribeMachine() {
 
 // --- main --------------------------------------------------------------------------------------
 
-int Main(int argc, char** argv) {
+// Runs bench/py_bench.py with `python` and returns its result rows.
+StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repeats,
+                              const std::string& device) {
+  const std::string command =
+      fmt::format("'{}' '{}/bench/py_bench.py' --size {} --repeats {} --device '{}'", python,
+                  FERRY_SOURCE_DIR, scale, repeats, device);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return InternalError(fmt::format("cannot run {}", command));
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (status != 0) {
+    return InternalError(fmt::format("{} exited with status {}", command, status));
+  }
+  Json parsed = Json::parse(output, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.contains("results")) {
+    return InternalError(fmt::format("{} printed no JSON results", command));
+  }
+  return parsed["results"];
+}
+
+std::string FormatPythonRow(const Json& row) {
+  const std::string name = row["case"].get<std::string>();
+  const double seconds = row["seconds_median"].get<double>();
+  if (name == "py_put_small") {
+    return fmt::format(
+        "{:<22} {:>10} {:>10} {:>8.2f}  {:.0f} calls/s ({:.2f} us per call); batched list: {:.0f} "
+        "tensors/s",
+        name, FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
+        row["gbps"].get<double>(), row["calls_per_second"].get<double>(),
+        row["seconds_per_call"].get<double>() * 1e6,
+        row["batched_tensors_per_second"].get<double>());
+  }
+  return fmt::format("{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x  {}", name,
+                     FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
+                     row["gbps"].get<double>(), row["vs_memcpy"].get<double>(),
+                     row.contains("vs_cpp_h2d_contiguous")
+                         ? fmt::format("{:.2f}x the C++ h2d_contiguous case",
+                                       row["vs_cpp_h2d_contiguous"].get<double>())
+                         : std::string("(run h2d_contiguous too to compare with C++)"));
+}
+
+int RunBench(int argc, char** argv) {
   CLI::App app{"ferry-bench: ferry's transfers next to memcpy and the old staged path"};
   std::vector<std::string> case_names;
   double scale = 1.0;
@@ -545,6 +588,10 @@ int Main(int argc, char** argv) {
   int repeats = 7;
   std::optional<int> workers;
   bool list = false;
+  std::string python;
+  app.add_option("--python", python,
+                 "Also run the Python-layer cases (py_put_small, py_put_large; bench/py_bench.py) "
+                 "with this interpreter, which must have the ferry package installed");
   app.add_option("--case", case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
   app.add_option("--size", scale, "Multiply every case's size by this (e.g. 0.1 for a quick run)")
@@ -647,6 +694,30 @@ int Main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  if (!python.empty()) {
+    StatusOr<Json> python_rows = RunPythonCases(python, scale, repeats, device->name());
+    if (!python_rows.ok()) {
+      ++failures;
+      fmt::print("python cases FAILED: {}\n", python_rows.status().ToString());
+    } else {
+      // The Python layer against the C++ case it wraps, from this same run.
+      std::optional<double> cpp_large;
+      for (const Json& row : results) {
+        if (row.value("case", "") == "h2d_contiguous" && row.contains("seconds_median")) {
+          cpp_large = row["seconds_median"].get<double>();
+        }
+      }
+      for (Json& row : *python_rows) {
+        if (row["case"] == "py_put_large" && cpp_large.has_value()) {
+          row["vs_cpp_h2d_contiguous"] = *cpp_large / row["seconds_median"].get<double>();
+        }
+        fmt::print("{}\n", FormatPythonRow(row));
+        row["device"] = device->name();
+        results.push_back(std::move(row));
+      }
+    }
+  }
+
   if (!json_path.empty()) {
     Json document;
     document["results"] = std::move(results);
@@ -670,6 +741,7 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace ferry::bench
 
-int main(int argc, char** argv) { return ferry::bench::Main(argc, argv); }
+// The entry point of ferry-bench and of `ferry bench`.
+int Main(int argc, char** argv) { return RunBench(argc, argv); }
+}  // namespace ferry::bench

@@ -9,8 +9,8 @@ jobs=${FERRY_JOBS:-2}
 
 case "$flavour" in
   plain) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
-  asan) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_BUILD_BENCH=OFF) ;;
-  tsan) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=thread -DFERRY_BUILD_BENCH=OFF) ;;
+  asan) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=address -DFERRY_BUILD_TOOLS=OFF) ;;
+  tsan) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=thread -DFERRY_BUILD_TOOLS=OFF) ;;
   *) echo "usage: $0 [plain|asan|tsan] [targets...]" >&2; exit 2 ;;
 esac
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# End-to-end test of the `ferry` command line: sample -> put --verify (single device, converted,
+# sharded), JSON output, and the exit codes (0 ok, 1 bad input, 2 usage).
+# Usage: cli_test.sh /path/to/ferry
+set -uo pipefail
+ferry=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+check() {  # check DESCRIPTION EXPECTED_RC COMMAND...
+  local description=$1 expected=$2
+  shift 2
+  "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [[ $rc -ne $expected ]]; then
+    echo "FAIL: $description: exit $rc, expected $expected"; cat "$work/out" "$work/err"
+    failures=$((failures + 1))
+  else
+    echo "ok: $description"; passes=$((passes + 1))
+  fi
+}
+expect_output() {  # expect_output DESCRIPTION PATTERN FILE
+  if grep -q -- "$2" "$3"; then echo "ok: $1"; passes=$((passes + 1)); else
+    echo "FAIL: $1: '$2' not in $3"; cat "$3"; failures=$((failures + 1)); fi
+}
+
+check "help exits 0" 0 "$ferry" --help
+check "put --help exits 0" 0 "$ferry" put --help
+check "no subcommand is a usage error" 2 "$ferry"
+check "put without files is a usage error" 2 "$ferry" put
+check "an unknown option is a usage error" 2 "$ferry" put --no-such-flag x
+check "devices lists host:0" 0 "$ferry" devices
+expect_output "devices table" "host:0" "$work/out"
+
+for format in safetensors npz npy; do
+  check "sample $format" 0 "$ferry" sample "$work/s.$format" --size 3MiB
+  check "put --verify $format" 0 "$ferry" put "$work/s.$format" --verify --json "$work/$format.json"
+  expect_output "verified $format" "verified: every tensor matches the file" "$work/out"
+  expect_output "json $format" '"verified": true' "$work/$format.json"
+done
+check "put converted" 0 "$ferry" put "$work/s.safetensors" --device-dtype float32 --verify
+expect_output "converted path in table" "bfloat16 -> float32" "$work/out"
+expect_output "converted label" "converted" "$work/out"
+check "put zero_copy aliases" 0 "$ferry" put "$work/s.safetensors" --semantics zero_copy --verify
+expect_output "aliased label" "aliased" "$work/out"
+check "put sharded" 0 env FERRY_HOST_DEVICES=4 "$ferry" put "$work/s.safetensors" \
+  --mesh host:0,host:1,host:2,host:3 --shard-dim 0 --verify
+expect_output "sharded label" "sharded/direct" "$work/out"
+
+check "a missing file is bad input" 1 "$ferry" put "$work/missing.safetensors"
+expect_output "missing file named" "missing.safetensors" "$work/err"
+printf 'garbage that is not a tensor file' >"$work/bad.safetensors"
+check "a malformed file is bad input" 1 "$ferry" put "$work/bad.safetensors"
+expect_output "malformed file named" "bad.safetensors" "$work/err"
+check "an unknown device is bad input" 1 "$ferry" put "$work/s.safetensors" --device host:9
+check "an unknown dtype is bad input" 1 "$ferry" put "$work/s.safetensors" --device-dtype float128
+check "a bad size is bad input" 1 "$ferry" sample "$work/x.safetensors" --size lots
+
+echo "cli: $passes passed, $failures failed"
+exit $((failures > 0))

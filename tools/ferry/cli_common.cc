@@ -1,0 +1,113 @@
+#include "tools/ferry/cli_common.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+
+#include "ferry/device/registry.h"
+#include "fmt/format.h"
+
+namespace ferry::cli {
+
+int ReportError(std::string_view command, const Status& status) {
+  fmt::print(stderr, "ferry {}: error: {}\n", command, std::string(status.message()));
+  return kExitBadInput;
+}
+
+StatusOr<Client*> DeviceSet::GetClient(const std::string& backend) {
+  auto it = clients_.find(backend);
+  if (it == clients_.end()) {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, CreateClient(backend));
+    it = clients_.emplace(backend, std::move(client)).first;
+  }
+  return it->second.get();
+}
+
+StatusOr<Device*> DeviceSet::Find(std::string_view name) {
+  const size_t colon = name.find(':');
+  const std::string backend(name.substr(0, colon));
+  int index = 0;
+  if (colon != std::string_view::npos) {
+    std::string_view digits = name.substr(colon + 1);
+    auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+    if (error != std::errc() || end != digits.data() + digits.size() || digits.empty()) {
+      return InvalidArgumentError(
+          fmt::format("device '{}' is not of the form backend:index (e.g. host:0)", name));
+    }
+  }
+  FERRY_ASSIGN_OR_RETURN(Client * client, GetClient(backend));
+  auto devices = client->devices();
+  if (index < 0 || index >= static_cast<int>(devices.size())) {
+    return absl::NotFoundError(fmt::format("device '{}' does not exist: {} has {} device(s)", name,
+                                           backend, devices.size()));
+  }
+  return devices[index];
+}
+
+StatusOr<int64_t> ParseSize(std::string_view text) {
+  double number = 0;
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) {
+    ++i;
+  }
+  std::string digits(text.substr(0, i));
+  char* parse_end = nullptr;
+  number = std::strtod(digits.c_str(), &parse_end);
+  std::string unit(text.substr(i));
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},     {"b", 1},         {"k", 1e3}, {"kb", 1e3}, {"kib", 1 << 10},        {"m", 1e6},
+      {"mb", 1e6}, {"mib", 1 << 20}, {"g", 1e9}, {"gb", 1e9}, {"gib", double(1 << 30)}};
+  auto unit_it = kUnits.find(unit);
+  if (digits.empty() || parse_end != digits.c_str() + digits.size() || unit_it == kUnits.end() ||
+      number <= 0) {
+    return InvalidArgumentError(
+        fmt::format("size '{}' is not a positive size like 64MiB, 1GiB or 100MB", text));
+  }
+  return static_cast<int64_t>(number * unit_it->second);
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 4) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
+}
+
+ProgressBar::ProgressBar(std::string label, int64_t total_bytes)
+    : label_(std::move(label)),
+      total_bytes_(total_bytes),
+      enabled_(isatty(STDERR_FILENO) == 1),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
+
+void ProgressBar::Update(int64_t done_bytes) {
+  if (!enabled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (drawn_ && now - last_draw_ < std::chrono::milliseconds(100) && done_bytes < total_bytes_) {
+    return;
+  }
+  last_draw_ = now;
+  drawn_ = true;
+  const double seconds = std::chrono::duration<double>(now - start_).count();
+  const double fraction = total_bytes_ > 0 ? static_cast<double>(done_bytes) / total_bytes_ : 1.0;
+  const double rate = seconds > 0 ? done_bytes / seconds : 0;
+  const double left = rate > 0 ? (total_bytes_ - done_bytes) / rate : 0;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(fraction * kWidth);
+  fmt::print(stderr, "\r{} [{}{}] {} / {}  {:.2f} GB/s  {:.1f}s left ", label_,
+             std::string(filled, '#'), std::string(kWidth - filled, '.'), FormatBytes(done_bytes),
+             FormatBytes(total_bytes_), rate / 1e9, left);
+  std::fflush(stderr);
+}
+
+void ProgressBar::Finish() {
+  if (enabled_ && drawn_) fmt::print(stderr, "\r\033[K");
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,60 @@
+// Shared pieces of the `ferry` command line: device look-up, sizes, errors, progress.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/core/status.h"
+#include "ferry/device/client.h"
+
+namespace ferry::cli {
+
+// Exit codes of every command.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitBadInput = 1;
+inline constexpr int kExitUsage = 2;
+
+// Prints "ferry <command>: error: <message>" on stderr; returns kExitBadInput.
+int ReportError(std::string_view command, const Status& status);
+
+// Clients created on demand, one per backend, owned here for the life of the command.
+class DeviceSet {
+ public:
+  // "host:0", "opencl:1", or a bare backend name meaning its device 0.
+  StatusOr<Device*> Find(std::string_view name);
+  // The client of `backend`, created on first use.
+  StatusOr<Client*> GetClient(const std::string& backend);
+
+ private:
+  std::map<std::string, std::unique_ptr<Client>, std::less<>> clients_;
+};
+
+// "1GiB", "64MiB", "100MB", "4096" -> bytes. InvalidArgument on anything else.
+StatusOr<int64_t> ParseSize(std::string_view text);
+// 1536 -> "1.50 KiB".
+std::string FormatBytes(double bytes);
+
+// A one-line progress bar on stderr (bytes, GB/s, time left), drawn only when stderr is a
+// terminal and at most every 100 ms. Not thread-safe.
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, int64_t total_bytes);
+  void Update(int64_t done_bytes);
+  // Clears the line.
+  void Finish();
+
+ private:
+  const std::string label_;
+  const int64_t total_bytes_;
+  const bool enabled_;
+  const std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+  bool drawn_ = false;
+};
+
+}  // namespace ferry::cli
