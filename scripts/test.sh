@@ -15,6 +15,9 @@ run_ctest() {
   ctest --test-dir "build/$flavour" --output-on-failure -j "${FERRY_JOBS:-2}" "$@"
 }
 
+echo "=== clang-format (the repository's .clang-format) ==="
+git -C "$root" ls-files '*.cc' '*.h' | (cd "$root" && xargs clang-format --dry-run --Werror)
+
 echo "=== build (plain) ==="
 scripts/build.sh plain
 run_ctest plain

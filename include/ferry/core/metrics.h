@@ -1,9 +1,10 @@
 // Metrics: process-wide counters and value metrics, in the manner of torch_xla's metrics.
 //
 // Counters count events (`DirectTransfers`); value metrics keep every sample's running total and a
-// bounded window of recent samples for percentiles (`TransferToDeviceTime`, in seconds; `OutboundData`,
-// in bytes). Both are created on first use by name and live for the whole process; the pointers
-// returned are never invalidated. All operations are thread-safe; counters are lock-free.
+// bounded window of recent samples for percentiles (`TransferToDeviceTime`, in seconds;
+// `OutboundData`, in bytes). Both are created on first use by name and live for the whole process;
+// the pointers returned are never invalidated. All operations are thread-safe; counters are
+// lock-free.
 #pragma once
 
 #include <atomic>
@@ -68,7 +69,8 @@ void ResetMetrics();
 // Adds the seconds between construction and destruction to `metric`.
 class ScopedTimer {
  public:
-  explicit ScopedTimer(Metric* metric) : metric_(metric), start_(std::chrono::steady_clock::now()) {}
+  explicit ScopedTimer(Metric* metric)
+      : metric_(metric), start_(std::chrono::steady_clock::now()) {}
   ~ScopedTimer() {
     metric_->AddSample(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());

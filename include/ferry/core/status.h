@@ -32,17 +32,17 @@ using absl::UnimplementedError;
 #define FERRY_STATUS_CONCAT_(a, b) FERRY_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function with the status of `expr` if it is not OK.
-#define FERRY_RETURN_IF_ERROR(expr)                         \
-  do {                                                      \
-    ::absl::Status ferry_status_ = (expr);                  \
-    if (!ferry_status_.ok()) return ferry_status_;          \
+#define FERRY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status ferry_status_ = (expr);         \
+    if (!ferry_status_.ok()) return ferry_status_; \
   } while (false)
 
 // `FERRY_ASSIGN_OR_RETURN(auto x, MakeX());` declares/assigns `x` from a StatusOr, or returns
 // its error status from the enclosing function.
 #define FERRY_ASSIGN_OR_RETURN(lhs, expr) \
   FERRY_ASSIGN_OR_RETURN_IMPL_(FERRY_STATUS_CONCAT_(ferry_statusor_, __LINE__), lhs, expr)
-#define FERRY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                                 \
+#define FERRY_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)  \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()

@@ -34,11 +34,9 @@ class TensorSource {
   // region_size) and stays valid as long as `keep_alive` lives; the source holds `keep_alive`
   // and drops it when the source is destroyed. The view is validated against the region
   // (InvalidArgument naming the tensor, the dim and the stride).
-  static StatusOr<std::shared_ptr<const TensorSource>> Borrow(const HostView& view,
-                                                              const void* region_begin,
-                                                              int64_t region_size,
-                                                              std::shared_ptr<const void> keep_alive,
-                                                              std::string name = "tensor");
+  static StatusOr<std::shared_ptr<const TensorSource>> Borrow(
+      const HostView& view, const void* region_begin, int64_t region_size,
+      std::shared_ptr<const void> keep_alive, std::string name = "tensor");
 
  protected:
   TensorSource(HostView view, std::string name) : view_(std::move(view)), name_(std::move(name)) {}

@@ -54,9 +54,9 @@ struct TransferToDeviceOptions {
 // Each transfer holds its source (the shared_ptr) until it has read it, then drops it on a
 // runtime thread (for kImmutableOnlyDuringCall: before this returns).
 // A device dtype from which the source's own dtype cannot be read back (a real source stored as
-// complex) is InvalidArgument. All or nothing: if any source fails to start (bad view, dtype, out of device memory), the
-// handles already made by this call are released and the error names that source; data that
-// was on the device before the call is untouched.
+// complex) is InvalidArgument. All or nothing: if any source fails to start (bad view, dtype, out
+// of device memory), the handles already made by this call are released and the error names that
+// source; data that was on the device before the call is untouched.
 StatusOr<std::vector<DataPtr>> TransferToDevice(
     absl::Span<const std::shared_ptr<const TensorSource>> sources, Device* device,
     const TransferToDeviceOptions& options = {});

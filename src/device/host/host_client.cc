@@ -81,8 +81,8 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
                            reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
     if (aliasable) {
       metrics::ZeroCopyAliases()->Add();
-      return std::unique_ptr<Buffer>(
-          new HostBuffer(host_device, device_dtype, src.dims, src.data, std::move(on_done), engine_));
+      return std::unique_ptr<Buffer>(new HostBuffer(host_device, device_dtype, src.dims, src.data,
+                                                    std::move(on_done), engine_));
     }
     metrics::ZeroCopyFallbacks()->Add();
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
