@@ -10,27 +10,12 @@
 #include "ferry/core/future.h"
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
+#include "ferry/device/memory_account.h"
 #include "src/device/host/transfer_engine.h"
 
 namespace ferry::host {
 
 class HostDevice;
-
-// Bytes held by one device's buffers, against an optional limit. Shared by the device and every
-// allocation it made, so an allocation may be freed after its client is gone. Thread-safe.
-class MemoryAccount {
- public:
-  explicit MemoryAccount(std::optional<int64_t> limit_bytes) : limit_bytes_(limit_bytes) {}
-
-  // ResourceExhausted (naming the tensor and the device) when `bytes` more would pass the limit.
-  Status Reserve(int64_t bytes, std::string_view tensor_name, std::string_view device_name);
-  void Release(int64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
-  int64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
-
- private:
-  const std::optional<int64_t> limit_bytes_;
-  std::atomic<int64_t> in_use_{0};
-};
 
 // One allocation of device memory (64-byte aligned); returns its bytes to the account when freed.
 // Shared between the buffer and the transfers that still write or read it.

@@ -21,6 +21,7 @@
 #include "ferry/core/future.h"
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
+#include "ferry/device/memory_account.h"
 #include "src/device/opencl/opencl_library.h"
 
 namespace ferry::opencl {
@@ -93,21 +94,6 @@ class ClientLifetime {
   std::condition_variable idle_;
   bool closed_ = false;
   int64_t in_flight_ = 0;
-};
-
-// Bytes held by one device's buffers against its limit. Thread-safe.
-class MemoryAccount {
- public:
-  explicit MemoryAccount(std::optional<int64_t> limit_bytes) : limit_bytes_(limit_bytes) {}
-
-  // ResourceExhausted (naming the tensor and the device) when `bytes` more would pass the limit.
-  Status Reserve(int64_t bytes, std::string_view tensor_name, std::string_view device_name);
-  void Release(int64_t bytes) { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
-  int64_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
-
- private:
-  const std::optional<int64_t> limit_bytes_;
-  std::atomic<int64_t> in_use_{0};
 };
 
 // One cl_mem of device memory, accounted against its device. Shared by the buffer and the
