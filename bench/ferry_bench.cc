@@ -33,11 +33,13 @@
 #include "ferry/device/client.h"
 #include "ferry/device/device.h"
 #include "ferry/device/registry.h"
+#include "ferry/runtime/sharding.h"
 #include "ferry/runtime/tensor_source.h"
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
 #include "heap_accounting.h"
 #include "nlohmann/json.hpp"
+#include "src/device/opencl/opencl_client.h"
 #include "transfer_paths.h"
 
 namespace ferry::bench {
@@ -154,16 +156,38 @@ struct PreparedCase {
   int64_t bytes = 0;    // read from the source (host memory for h2d, device memory for d2h)
   int64_t tensors = 1;  // tensors moved per run
   std::unique_ptr<Path> ferry;
+  // The old path; null for raw_clwrite, which has none (its result is checked against the source
+  // instead).
   std::unique_ptr<Path> staged;
   // h2d without conversion: the sources, to spot-check the device data against the source read
   // through its own strides (independently of ferry's copy kernels).
   std::vector<std::shared_ptr<const TensorSource>> unconverted_sources;
+  // The devices whose memory the runs use (every mesh device for the sharded cases); empty: the
+  // context's device.
+  std::vector<Device*> devices;
+  // Set when the case cannot run on this backend: it is reported as skipped, not failed.
+  std::optional<std::string> skip_reason;
+  // Whether the case gets vs_raw_clwrite when raw_clwrite ran before it (h2d dense and converts).
+  bool compare_to_raw_clwrite = false;
   Json details = Json::object();
 };
+
+PreparedCase Skipped(std::string reason) {
+  PreparedCase prepared;
+  prepared.skip_reason = std::move(reason);
+  return prepared;
+}
+
+// The sharded cases' mesh: 2x2 devices.
+constexpr int kMeshDevices = 4;
 
 struct CaseContext {
   Device* device;
   double scale;
+  // The first kMeshDevices devices of the backend, for the sharded cases; empty when it has
+  // fewer, and then `mesh_unavailable` says why.
+  std::vector<Device*> mesh_devices;
+  std::string mesh_unavailable;
 };
 
 struct CaseDefinition {
@@ -219,10 +243,18 @@ StatusOr<PreparedCase> MakeH2DCase(std::vector<std::shared_ptr<const TensorSourc
 
 StatusOr<PreparedCase> PrepareH2DDense(const CaseContext& context, DType source_dtype,
                                        std::optional<DType> device_dtype, const char* name) {
+  if (device_dtype.has_value() && !context.device->capabilities().Holds(*device_dtype)) {
+    return Skipped(
+        fmt::format("{} does not hold {}", context.device->name(), DTypeName(*device_dtype)));
+  }
   const int64_t count = ScaledCount(256 * kMiB / DTypeSize(source_dtype), context.scale, 64);
   FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(source_dtype, {count}, 1));
-  return MakeH2DCase({TensorSource::FromHostTensor(std::move(tensor), name)}, device_dtype,
-                     context);
+  PreparedCase prepared;
+  FERRY_ASSIGN_OR_RETURN(
+      prepared,
+      MakeH2DCase({TensorSource::FromHostTensor(std::move(tensor), name)}, device_dtype, context));
+  prepared.compare_to_raw_clwrite = true;
+  return prepared;
 }
 
 StatusOr<PreparedCase> PrepareH2DTransposed(const CaseContext& context) {
@@ -289,8 +321,106 @@ StatusOr<PreparedCase> PrepareD2H(const CaseContext& context, int64_t full_count
   return prepared;
 }
 
+// The sharded cases' tensor: 8192x8192 f32 (each side scaled by sqrt(scale)), rows split over
+// mesh axis "x" and columns over "y" of a 2x2 mesh, so every shard is a strided quarter.
+struct ShardedSetup {
+  std::shared_ptr<const TensorSource> source;
+  Sharding sharding;
+  std::vector<ShardIndex> indices;
+};
+
+StatusOr<ShardedSetup> MakeShardedSetup(const CaseContext& context, const char* name) {
+  const int64_t side = ScaledCount(8192, std::sqrt(context.scale), 2);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {side, side}, 5));
+  FERRY_ASSIGN_OR_RETURN(Mesh mesh, Mesh::Create(context.mesh_devices, {2, 2}, {"x", "y"}));
+  FERRY_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(std::move(mesh), {{"x"}, {"y"}}));
+  FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices({side, side}));
+  return ShardedSetup{TensorSource::FromHostTensor(std::move(tensor), name), std::move(sharding),
+                      std::move(indices)};
+}
+
+void DescribeSharding(const ShardedSetup& setup, PreparedCase& prepared) {
+  const HostView& view = setup.source->view();
+  prepared.details["dims"] = DimsOf(view.dims);
+  prepared.details["mesh_shape"] = setup.sharding.mesh().shape();
+  prepared.details["sharding_spec"] = setup.sharding.spec();
+  const HostView shard = SubView(view, setup.indices.front());
+  prepared.details["shard_dims"] = DimsOf(shard.dims);
+  prepared.details["shard_byte_strides"] = DimsOf(shard.byte_strides);
+  std::vector<std::string> names;
+  for (Device* device : setup.sharding.mesh().devices()) names.push_back(device->name());
+  prepared.details["mesh_devices"] = names;
+}
+
+StatusOr<PreparedCase> PrepareH2DSharded(const CaseContext& context) {
+  if (context.mesh_devices.empty()) return Skipped(context.mesh_unavailable);
+  FERRY_ASSIGN_OR_RETURN(ShardedSetup setup, MakeShardedSetup(context, "sharded"));
+  PreparedCase prepared;
+  const HostView& view = setup.source->view();
+  prepared.bytes = view.num_elements() * view.element_size();
+  prepared.tensors = kMeshDevices;
+  prepared.devices = context.mesh_devices;
+  DescribeSharding(setup, prepared);
+  prepared.details["source_dtype"] = std::string(DTypeName(view.dtype));
+  prepared.details["device_dtype"] = std::string(DTypeName(view.dtype));
+  prepared.details["semantics"] = std::string(HostBufferSemanticsName(kBenchSemantics));
+  // Each shard's device data is spot-checked against its sub-view of the source.
+  for (size_t i = 0; i < setup.indices.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(
+        auto shard,
+        TensorSource::Borrow(SubView(view, setup.indices[i]), view.data, view.dense_size_bytes(),
+                             setup.source, fmt::format("sharded[shard {}]", i)));
+    prepared.unconverted_sources.push_back(std::move(shard));
+  }
+  prepared.ferry = MakeShardedH2DFerryPath(setup.source, setup.sharding);
+  prepared.staged = MakeShardedH2DStagedPath(std::move(setup.source), std::move(setup.sharding));
+  return prepared;
+}
+
+StatusOr<PreparedCase> PrepareD2HShardedAssemble(const CaseContext& context) {
+  if (context.mesh_devices.empty()) return Skipped(context.mesh_unavailable);
+  FERRY_ASSIGN_OR_RETURN(ShardedSetup setup, MakeShardedSetup(context, "d2h_sharded"));
+  PreparedCase prepared;
+  const HostView& view = setup.source->view();
+  prepared.bytes = view.num_elements() * view.element_size();
+  prepared.devices = context.mesh_devices;
+  DescribeSharding(setup, prepared);
+  prepared.details["device_dtype"] = std::string(DTypeName(view.dtype));
+  prepared.details["host_dtype"] = std::string(DTypeName(view.dtype));
+  prepared.details["host_bytes"] = prepared.bytes;
+  FERRY_ASSIGN_OR_RETURN(ShardedDataPtr data,
+                         TransferShardsToDevice(std::move(setup.source), setup.sharding));
+  FERRY_RETURN_IF_ERROR(AwaitReady(data->shards()));  // only the device copy remains
+  prepared.ferry = MakeAssembleShardsPath(data);
+  prepared.staged = MakeLocalShardsStagedPath(std::move(data));
+  return prepared;
+}
+
+StatusOr<PreparedCase> PrepareRawClWrite(const CaseContext& context) {
+  if (opencl::DeviceQueueOf(context.device) == nullptr) {
+    return Skipped(
+        fmt::format("needs an opencl device (--device opencl:N), not {}", context.device->name()));
+  }
+  const int64_t count = ScaledCount(256 * kMiB / 4, context.scale, 64);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {count}, 1));
+  std::shared_ptr<const TensorSource> source =
+      TensorSource::FromHostTensor(std::move(tensor), "raw_clwrite");
+  PreparedCase prepared;
+  prepared.bytes = count * 4;
+  prepared.details["dims"] = std::vector<int64_t>{count};
+  prepared.details["source_dtype"] = std::string(DTypeName(DType::kF32));
+  prepared.details["device_dtype"] = std::string(DTypeName(DType::kF32));
+  prepared.details["call"] = "clEnqueueWriteBuffer, blocking, into a pre-written buffer";
+  FERRY_ASSIGN_OR_RETURN(prepared.ferry, MakeRawClWritePath(source, context.device));
+  prepared.unconverted_sources = {std::move(source)};
+  return prepared;
+}
+
 std::vector<CaseDefinition> AllCases() {
   return {
+      // First, so that the h2d cases after it in the same run get vs_raw_clwrite.
+      {"raw_clwrite", "opencl only: 256 MiB, one blocking clEnqueueWriteBuffer (the ceiling)",
+       PrepareRawClWrite},
       {"h2d_contiguous", "256 MiB f32, dense",
        [](const CaseContext& c) { return PrepareH2DDense(c, DType::kF32, std::nullopt, "dense"); }},
       {"h2d_transposed", "4096x4096 f32 through a transpose (byte strides swapped)",
@@ -304,13 +434,20 @@ std::vector<CaseDefinition> AllCases() {
        [](const CaseContext& c) {
          return PrepareH2DDense(c, DType::kF64, DType::kF32, "f64_to_f32");
        }},
+      {"h2d_convert_f32_f16", "256 MiB f32 stored as f16",
+       [](const CaseContext& c) {
+         return PrepareH2DDense(c, DType::kF32, DType::kF16, "f32_to_f16");
+       }},
       {"h2d_many_small", "16384 tensors of 4 KiB f32 in one call", PrepareH2DManySmall},
+      {"h2d_sharded_4", "8192x8192 f32 over a 2x2 mesh, every shard strided", PrepareH2DSharded},
       {"d2h_contiguous", "256 MiB f32 read back",
        [](const CaseContext& c) {
          return PrepareD2H(c, 256 * kMiB / 4, DType::kF32, "d2h_dense");
        }},
       {"d2h_upcast_bf16_f32", "128 MiB bf16 on the device read back as 256 MiB f32",
        [](const CaseContext& c) { return PrepareD2H(c, 64 * kMiB, DType::kBF16, "d2h_bf16"); }},
+      {"d2h_sharded_4_assemble", "8192x8192 f32 on a 2x2 mesh read back whole (AssembleShards)",
+       PrepareD2HShardedAssemble},
   };
 }
 
@@ -321,19 +458,25 @@ struct Sample {
   int64_t peak_extra_bytes = 0;
 };
 
-// Waits until the device has given back the memory of released buffers, so that runs do not pile
-// up device memory.
-void WaitForDeviceBytes(Device* device, int64_t device_bytes_before) {
+int64_t DeviceBytesInUse(absl::Span<Device* const> devices) {
+  int64_t bytes = 0;
+  for (Device* device : devices) bytes += device->bytes_in_use();
+  return bytes;
+}
+
+// Waits until the devices have given back the memory of released buffers, so that runs do not
+// pile up device memory.
+void WaitForDeviceBytes(absl::Span<Device* const> devices, int64_t device_bytes_before) {
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (device->bytes_in_use() > device_bytes_before && Clock::now() < deadline) {
+  while (DeviceBytesInUse(devices) > device_bytes_before && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
 }
 
 // One timed run. The heap peak is taken relative to the heap at the start; the memory the run
 // rightly leaves behind (new device buffers, returned host tensors) is not extra.
-StatusOr<Sample> MeasureOnce(Path& path, Device* device) {
-  const int64_t device_before = device->bytes_in_use();
+StatusOr<Sample> MeasureOnce(Path& path, absl::Span<Device* const> device) {
+  const int64_t device_before = DeviceBytesInUse(device);
   ResetPeakHeapBytes();
   const int64_t heap_before = LiveHeapBytes();
   const auto start = Clock::now();
@@ -342,7 +485,7 @@ StatusOr<Sample> MeasureOnce(Path& path, Device* device) {
   Sample sample;
   sample.seconds = std::chrono::duration<double>(stop - start).count();
   const int64_t peak = PeakHeapBytes();
-  const int64_t device_added = device->bytes_in_use() - device_before;
+  const int64_t device_added = DeviceBytesInUse(device) - device_before;
   sample.peak_extra_bytes =
       std::max<int64_t>(0, peak - heap_before - device_added - path.ResultHostBytes());
   path.Release();
@@ -395,10 +538,32 @@ Status SpotCheck(const TensorSource& source, const HostTensor& got) {
   return OkStatus();
 }
 
+// Runs a case without a staged path (raw_clwrite) once, untimed, and checks its result against
+// its dense sources byte for byte.
+Status WarmUpAndVerifyAgainstSources(PreparedCase& prepared, absl::Span<Device* const> device) {
+  const int64_t device_before = DeviceBytesInUse(device);
+  FERRY_RETURN_IF_ERROR(prepared.ferry->Run());
+  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> got, prepared.ferry->TakeResultsOnHost());
+  prepared.ferry->Release();
+  WaitForDeviceBytes(device, device_before);
+  if (got.size() != prepared.unconverted_sources.size()) {
+    return InternalError("the run made a different number of tensors than it has sources");
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const HostView& want = prepared.unconverted_sources[i]->view();
+    if (!want.IsRowMajorDense() || got[i].size_bytes() != want.dense_size_bytes() ||
+        std::memcmp(got[i].data(), want.data, static_cast<size_t>(got[i].size_bytes())) != 0) {
+      return InternalError(fmt::format("tensor {}: the device data differs from the source", i));
+    }
+  }
+  return OkStatus();
+}
+
 // Runs both paths once, untimed, and checks that the ferry path made the same bytes as the
 // staged path (which is a plain CopyConvert): a wrong fast result is no result.
-Status WarmUpAndVerify(PreparedCase& prepared, Device* device) {
-  const int64_t device_before = device->bytes_in_use();
+Status WarmUpAndVerify(PreparedCase& prepared, absl::Span<Device* const> device) {
+  if (prepared.staged == nullptr) return WarmUpAndVerifyAgainstSources(prepared, device);
+  const int64_t device_before = DeviceBytesInUse(device);
   FERRY_RETURN_IF_ERROR(prepared.ferry->Run());
   FERRY_RETURN_IF_ERROR(prepared.staged->Run());
   FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> got, prepared.ferry->TakeResultsOnHost());
@@ -423,12 +588,24 @@ Status WarmUpAndVerify(PreparedCase& prepared, Device* device) {
 struct CaseResult {
   Json json;
   std::string row;
+  bool skipped = false;
 };
 
+// `raw_clwrite_seconds_per_byte`: raw_clwrite's median time per byte when it ran earlier in this
+// run, for the vs_raw_clwrite ratio.
 StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
-                             int repeats) {
+                             int repeats, std::optional<double> raw_clwrite_seconds_per_byte) {
   FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
-  FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, context.device));
+  if (prepared.skip_reason.has_value()) {
+    CaseResult skipped;
+    skipped.skipped = true;
+    skipped.json["case"] = definition.name;
+    skipped.json["skipped"] = *prepared.skip_reason;
+    skipped.row = fmt::format("{:<22} skipped: {}", definition.name, *prepared.skip_reason);
+    return skipped;
+  }
+  if (prepared.devices.empty()) prepared.devices = {context.device};
+  FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, prepared.devices));
   const OtherCpuMeter other_cpu;
 
   // The yardstick's buffers, both written once so that no page fault is timed.
@@ -446,16 +623,19 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     memcpy_seconds.push_back(
         MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
     memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
-    FERRY_ASSIGN_OR_RETURN(Sample ferry, MeasureOnce(*prepared.ferry, context.device));
-    FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, context.device));
+    FERRY_ASSIGN_OR_RETURN(Sample ferry, MeasureOnce(*prepared.ferry, prepared.devices));
     ferry_seconds.push_back(ferry.seconds);
-    staged_seconds.push_back(staged.seconds);
     ferry_peak = std::max(ferry_peak, ferry.peak_extra_bytes);
-    staged_peak = std::max(staged_peak, staged.peak_extra_bytes);
+    if (prepared.staged != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices));
+      staged_seconds.push_back(staged.seconds);
+      staged_peak = std::max(staged_peak, staged.peak_extra_bytes);
+    }
   }
 
   const double seconds = Median(ferry_seconds);
   const double memcpy_median = Median(memcpy_seconds);
+  const bool has_staged = prepared.staged != nullptr;
   const double staged_median = Median(staged_seconds);
   const double gbps = static_cast<double>(prepared.bytes) / seconds / 1e9;
   CaseResult result;
@@ -466,26 +646,35 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["seconds_median"] = seconds;
   json["gbps"] = gbps;
   json["vs_memcpy"] = memcpy_median / seconds;
-  json["vs_staged"] = staged_median / seconds;
+  json["vs_staged"] = has_staged ? Json(staged_median / seconds) : Json(nullptr);
   json["peak_extra_bytes"] = HeapAccountingEnabled() ? Json(ferry_peak) : Json(nullptr);
-  json["staged_peak_extra_bytes"] = HeapAccountingEnabled() ? Json(staged_peak) : Json(nullptr);
+  json["staged_peak_extra_bytes"] =
+      HeapAccountingEnabled() && has_staged ? Json(staged_peak) : Json(nullptr);
   json["memcpy_seconds_median"] = memcpy_median;
   json["vs_memcpy_fresh"] = Median(memcpy_fresh_seconds) / seconds;
   json["memcpy_fresh_seconds_median"] = Median(memcpy_fresh_seconds);
-  json["staged_seconds_median"] = staged_median;
+  json["staged_seconds_median"] = has_staged ? Json(staged_median) : Json(nullptr);
   json["tensors"] = prepared.tensors;
   std::string notes;
-  if (prepared.tensors > 1) {
+  auto add_note = [&notes](const std::string& note) {
+    notes += (notes.empty() ? "" : "; ") + note;
+  };
+  if (prepared.tensors > 1 && prepared.devices.size() == 1) {
     const double tensors_per_second = static_cast<double>(prepared.tensors) / seconds;
     json["tensors_per_second"] = tensors_per_second;
-    notes = fmt::format("{:.0f} tensors/s", tensors_per_second);
+    add_note(fmt::format("{:.0f} tensors/s", tensors_per_second));
   }
+  if (prepared.compare_to_raw_clwrite && raw_clwrite_seconds_per_byte.has_value()) {
+    // raw_clwrite's time for as many bytes as this case reads, over this case's time.
+    const double vs_raw =
+        *raw_clwrite_seconds_per_byte * static_cast<double>(prepared.bytes) / seconds;
+    json["vs_raw_clwrite"] = vs_raw;
+    add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
+  }
+  if (!has_staged) add_note("no staged path: the runtime's own ceiling");
   if (const std::optional<double> busy = other_cpu.OtherBusyPercent()) {
     json["other_cpu_percent"] = *busy;
-    if (*busy > 10) {
-      notes += fmt::format("{}other processes used {:.0f}% of the CPUs", notes.empty() ? "" : "; ",
-                           *busy);
-    }
+    if (*busy > 10) add_note(fmt::format("other processes used {:.0f}% of the CPUs", *busy));
   }
   json["repeats"] = repeats;
   json["seconds_all"] = ferry_seconds;
@@ -493,12 +682,19 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["staged_seconds_all"] = staged_seconds;
   for (auto& [key, value] : prepared.details.items()) json[key] = value;
 
-  result.row = fmt::format(
-      "{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>9.2f}x {:>11} {:>11}  {}", definition.name,
-      FormatBytes(static_cast<double>(prepared.bytes)), FormatSeconds(seconds), gbps,
-      memcpy_median / seconds, staged_median / seconds,
-      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(ferry_peak)) : "n/a",
-      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(staged_peak)) : "n/a", notes);
+  const std::string vs_staged =
+      has_staged ? fmt::format("{:.2f}x", staged_median / seconds) : std::string("-");
+  std::string staged_peak_text = "-";
+  if (has_staged) {
+    staged_peak_text =
+        HeapAccountingEnabled() ? FormatBytes(static_cast<double>(staged_peak)) : "n/a";
+  }
+  result.row =
+      fmt::format("{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>10} {:>11} {:>11}  {}",
+                  definition.name, FormatBytes(static_cast<double>(prepared.bytes)),
+                  FormatSeconds(seconds), gbps, memcpy_median / seconds, vs_staged,
+                  HeapAccountingEnabled() ? FormatBytes(static_cast<double>(ferry_peak)) : "n/a",
+                  staged_peak_text, notes);
   return result;
 }
 
@@ -642,6 +838,8 @@ int RunBench(int argc, char** argv) {
   }
   ClientOptions client_options;
   client_options.num_worker_threads = workers;
+  // The host backend presents as many devices as asked: enough for the sharded cases' mesh.
+  if (backend == "host") client_options.num_devices = std::max(kMeshDevices, device_index + 1);
   StatusOr<std::unique_ptr<Client>> client = CreateClient(backend, client_options);
   if (!client.ok()) {
     fmt::print(stderr, "ferry-bench: cannot start backend '{}': {}\n", backend,
@@ -679,15 +877,27 @@ int RunBench(int argc, char** argv) {
 
   Json results = Json::array();
   int failures = 0;
-  const CaseContext context{device, scale};
+  CaseContext context{device, scale, {}, {}};
+  if (devices.size() >= static_cast<size_t>(kMeshDevices)) {
+    context.mesh_devices.assign(devices.begin(), devices.begin() + kMeshDevices);
+  } else {
+    context.mesh_unavailable = fmt::format("the 2x2 mesh needs {} devices; backend '{}' has {}",
+                                           kMeshDevices, backend, devices.size());
+  }
+  std::optional<double> raw_clwrite_seconds_per_byte;
   for (const CaseDefinition* definition : selected) {
-    StatusOr<CaseResult> result = RunCase(*definition, context, repeats);
+    StatusOr<CaseResult> result =
+        RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte);
     if (!result.ok()) {
       ++failures;
       fmt::print("{:<22} FAILED: {}\n", definition->name, result.status().ToString());
       results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
     } else {
       fmt::print("{}\n", result->row);
+      if (!result->skipped && std::string_view(definition->name) == "raw_clwrite") {
+        raw_clwrite_seconds_per_byte =
+            result->json["seconds_median"].get<double>() / result->json["bytes"].get<double>();
+      }
       result->json["device"] = device->name();
       results.push_back(std::move(result->json));
     }

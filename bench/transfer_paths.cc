@@ -1,8 +1,13 @@
 #include "transfer_paths.h"
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "ferry/core/copy_convert.h"
+#include "fmt/format.h"
+#include "src/device/opencl/opencl_client.h"
+#include "src/device/opencl/opencl_status.h"
 
 namespace ferry::bench {
 namespace {
@@ -102,6 +107,147 @@ class D2HStagedPath : public D2HFerryPath {
   }
 };
 
+TransferToDeviceOptions BenchOptions() {
+  TransferToDeviceOptions options;
+  options.semantics = kBenchSemantics;
+  return options;
+}
+
+class ShardedH2DFerryPath : public Path {
+ public:
+  ShardedH2DFerryPath(std::shared_ptr<const TensorSource> source, Sharding sharding)
+      : source_(std::move(source)), sharding_(std::move(sharding)) {}
+
+  Status Run() override {
+    FERRY_ASSIGN_OR_RETURN(sharded_, TransferShardsToDevice(source_, sharding_, BenchOptions()));
+    return AwaitReady(sharded_->shards());
+  }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    if (sharded_ == nullptr) return FailedPreconditionError("no sharded result");
+    return TransferFromDevice(sharded_->shards(), {.in_device_dtype = true});
+  }
+  void Release() override { sharded_.reset(); }
+
+ private:
+  const std::shared_ptr<const TensorSource> source_;
+  const Sharding sharding_;
+  ShardedDataPtr sharded_;
+};
+
+class ShardedH2DStagedPath : public Path {
+ public:
+  ShardedH2DStagedPath(std::shared_ptr<const TensorSource> source, Sharding sharding)
+      : source_(std::move(source)), sharding_(std::move(sharding)) {}
+
+  Status Run() override {
+    handles_.clear();
+    const HostView& view = source_->view();
+    FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding_.ShardIndices(view.dims));
+    const TransferToDeviceOptions options = BenchOptions();
+    for (size_t i = 0; i < indices.size(); ++i) {
+      const HostView shard = SubView(view, indices[i]);
+      FERRY_ASSIGN_OR_RETURN(HostTensor temporary, HostTensor::Allocate(view.dtype, shard.dims));
+      FERRY_RETURN_IF_ERROR(CopyConvert(shard, temporary.mutable_view()));
+      FERRY_ASSIGN_OR_RETURN(
+          std::vector<DataPtr> data,
+          TransferToDevice({TensorSource::FromHostTensor(std::move(temporary), source_->name())},
+                           sharding_.mesh().devices()[i], options));
+      handles_.push_back(std::move(data[0]));  // the temporary is freed here
+    }
+    return AwaitReady(handles_);
+  }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    return TransferFromDevice(handles_, {.in_device_dtype = true});
+  }
+  void Release() override { handles_.clear(); }
+
+ private:
+  const std::shared_ptr<const TensorSource> source_;
+  const Sharding sharding_;
+  std::vector<DataPtr> handles_;
+};
+
+class AssembleShardsPath : public Path {
+ public:
+  explicit AssembleShardsPath(ShardedDataPtr data) : data_(std::move(data)) {}
+
+  Status Run() override {
+    result_.reset();
+    FERRY_ASSIGN_OR_RETURN(HostTensor whole, AssembleShards(*data_));
+    result_ = std::move(whole);
+    return OkStatus();
+  }
+  int64_t ResultHostBytes() const override { return result_ ? result_->size_bytes() : 0; }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    if (!result_) return FailedPreconditionError("no assembled result");
+    std::vector<HostTensor> results;
+    results.push_back(std::move(*result_));
+    result_.reset();
+    return results;
+  }
+  void Release() override { result_.reset(); }
+
+ protected:
+  const ShardedDataPtr data_;
+  std::optional<HostTensor> result_;
+};
+
+class LocalShardsStagedPath : public AssembleShardsPath {
+ public:
+  using AssembleShardsPath::AssembleShardsPath;
+
+  Status Run() override {
+    result_.reset();
+    FERRY_ASSIGN_OR_RETURN(std::vector<LocalShard> shards, LocalShards(*data_));
+    FERRY_ASSIGN_OR_RETURN(HostTensor whole,
+                           HostTensor::Allocate(data_->logical_dtype(), data_->global_dims()));
+    const MutableHostView whole_view = whole.mutable_view();
+    for (const LocalShard& shard : shards) {
+      FERRY_RETURN_IF_ERROR(CopyConvert(shard.data.view(), SubView(whole_view, shard.index)));
+    }
+    result_ = std::move(whole);
+    return OkStatus();  // `shards` is freed on the way out
+  }
+};
+
+class RawClWritePath : public Path {
+ public:
+  RawClWritePath(std::shared_ptr<const TensorSource> source, const opencl::DeviceQueue& queue,
+                 cl_mem buffer)
+      : source_(std::move(source)), queue_(queue), buffer_(buffer) {}
+  ~RawClWritePath() override { queue_.cl().clReleaseMemObject(buffer_); }
+  RawClWritePath(const RawClWritePath&) = delete;
+  RawClWritePath& operator=(const RawClWritePath&) = delete;
+
+  Status Run() override {
+    const HostView& view = source_->view();
+    FERRY_OPENCL_RETURN_IF_ERROR(
+        queue_.cl().clEnqueueWriteBuffer(queue_.queue(), buffer_, CL_TRUE, 0,
+                                         static_cast<size_t>(view.dense_size_bytes()), view.data, 0,
+                                         nullptr, nullptr),
+        "clEnqueueWriteBuffer", source_->name());
+    return OkStatus();
+  }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    const HostView& view = source_->view();
+    FERRY_ASSIGN_OR_RETURN(HostTensor back, HostTensor::Allocate(view.dtype, view.dims));
+    FERRY_OPENCL_RETURN_IF_ERROR(
+        queue_.cl().clEnqueueReadBuffer(queue_.queue(), buffer_, CL_TRUE, 0,
+                                        static_cast<size_t>(back.size_bytes()), back.data(), 0,
+                                        nullptr, nullptr),
+        "clEnqueueReadBuffer", source_->name());
+    std::vector<HostTensor> results;
+    results.push_back(std::move(back));
+    return results;
+  }
+  void Release() override {}
+
+ private:
+  const std::shared_ptr<const TensorSource> source_;
+  const opencl::DeviceQueue& queue_;
+  const cl_mem buffer_;
+};
+
 }  // namespace
 
 std::unique_ptr<Path> MakeH2DFerryPath(std::vector<std::shared_ptr<const TensorSource>> sources,
@@ -120,6 +266,43 @@ std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data) {
 
 std::unique_ptr<Path> MakeD2HStagedPath(std::vector<DataPtr> data) {
   return std::make_unique<D2HStagedPath>(std::move(data));
+}
+
+std::unique_ptr<Path> MakeShardedH2DFerryPath(std::shared_ptr<const TensorSource> source,
+                                              Sharding sharding) {
+  return std::make_unique<ShardedH2DFerryPath>(std::move(source), std::move(sharding));
+}
+
+std::unique_ptr<Path> MakeShardedH2DStagedPath(std::shared_ptr<const TensorSource> source,
+                                               Sharding sharding) {
+  return std::make_unique<ShardedH2DStagedPath>(std::move(source), std::move(sharding));
+}
+
+std::unique_ptr<Path> MakeAssembleShardsPath(ShardedDataPtr data) {
+  return std::make_unique<AssembleShardsPath>(std::move(data));
+}
+
+std::unique_ptr<Path> MakeLocalShardsStagedPath(ShardedDataPtr data) {
+  return std::make_unique<LocalShardsStagedPath>(std::move(data));
+}
+
+StatusOr<std::unique_ptr<Path>> MakeRawClWritePath(std::shared_ptr<const TensorSource> source,
+                                                   Device* device) {
+  const opencl::DeviceQueue* queue = opencl::DeviceQueueOf(device);
+  if (queue == nullptr) {
+    return FailedPreconditionError(fmt::format("raw_clwrite needs an opencl device, not {}",
+                                               device == nullptr ? "none" : device->name()));
+  }
+  const HostView& view = source->view();
+  if (!view.IsRowMajorDense()) return FailedPreconditionError("raw_clwrite needs a dense source");
+  const auto bytes = static_cast<size_t>(view.dense_size_bytes());
+  cl_int code = CL_SUCCESS;
+  cl_mem buffer =
+      queue->cl().clCreateBuffer(queue->context(), CL_MEM_READ_WRITE, bytes, nullptr, &code);
+  FERRY_OPENCL_RETURN_IF_ERROR(code, "clCreateBuffer", source->name());
+  auto path = std::make_unique<RawClWritePath>(std::move(source), *queue, buffer);
+  FERRY_RETURN_IF_ERROR(path->Run());  // the first write touches the buffer's pages
+  return std::unique_ptr<Path>(std::move(path));
 }
 
 }  // namespace ferry::bench

@@ -10,6 +10,7 @@
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/status.h"
 #include "ferry/device/device.h"
+#include "ferry/runtime/sharding.h"
 #include "ferry/runtime/tensor_source.h"
 #include "ferry/runtime/transfer.h"
 
@@ -53,5 +54,34 @@ std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data);
 // filled by CopyConvert on the calling thread (a plain copy when the dtypes are equal); the
 // device-dtype copies are freed before Run() returns.
 std::unique_ptr<Path> MakeD2HStagedPath(std::vector<DataPtr> data);
+
+// TransferShardsToDevice(source, sharding) (kBenchSemantics, the source's dtype) then AwaitReady
+// on every shard. Results on the host: the shards in mesh order.
+std::unique_ptr<Path> MakeShardedH2DFerryPath(std::shared_ptr<const TensorSource> source,
+                                              Sharding sharding);
+
+// The old path of a sharded put: per shard, in mesh order, a fresh dense temporary of the shard's
+// dims filled by CopyConvert from the shard's SubView of the source on the calling thread, then
+// TransferToDevice of that temporary to the shard's device (kBenchSemantics: the call has read it
+// when it returns, so the temporary is freed before the next shard's); AwaitReady on all shards
+// at the end.
+std::unique_ptr<Path> MakeShardedH2DStagedPath(std::shared_ptr<const TensorSource> source,
+                                               Sharding sharding);
+
+// AssembleShards(data): one host tensor of the global dims, each shard read into its place.
+std::unique_ptr<Path> MakeAssembleShardsPath(ShardedDataPtr data);
+
+// The old path: LocalShards(data) (each shard into a tensor of its own), then a new tensor of the
+// global dims and each shard copied into its SubView with CopyConvert on the calling thread; the
+// per-shard tensors are freed before Run() returns.
+std::unique_ptr<Path> MakeLocalShardsStagedPath(ShardedDataPtr data);
+
+// The OpenCL runtime's own ceiling: one blocking clEnqueueWriteBuffer of the dense `source` into
+// a device buffer of the same size, made here and written once (so its pages are touched), on the
+// opencl device's own queue. Results on the host: the buffer read back (clEnqueueReadBuffer), in
+// the source's dtype and dims. FailedPrecondition unless `device` is an opencl device and the
+// source is dense.
+StatusOr<std::unique_ptr<Path>> MakeRawClWritePath(std::shared_ptr<const TensorSource> source,
+                                                   Device* device);
 
 }  // namespace ferry::bench

@@ -106,4 +106,14 @@ class OpenClClient final : public Client {
   std::vector<Device*> device_pointers_;
 };
 
+// The OpenCL objects behind `device` (its symbol table, cl_context and in-order cl_command_queue,
+// through DeviceQueue's accessors), for code that issues its own commands next to ferry's, such
+// as ferry-bench's raw clEnqueueWriteBuffer ceiling. nullptr when `device` is null or not an
+// opencl device. The objects stay valid while the device's client lives; commands enqueued on
+// the queue are ordered with ferry's own.
+inline const DeviceQueue* DeviceQueueOf(const Device* device) {
+  const auto* opencl_device = dynamic_cast<const OpenClDevice*>(device);
+  return opencl_device == nullptr ? nullptr : opencl_device->queue().get();
+}
+
 }  // namespace ferry::opencl
