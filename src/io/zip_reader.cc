@@ -376,16 +376,16 @@ Status InflateMember(absl::Span<const std::byte> compressed, absl::Span<std::byt
     if (result == Z_STREAM_END) break;
     if (result == Z_OK) continue;
     if (result == Z_BUF_ERROR) {
-      // No progress possible: out of input or out of room.
-      if (stream.avail_in == 0 && input_taken == compressed.size()) {
-        return MalformedError(context, "the deflate stream ends early (truncated or corrupt)");
-      }
-      if (stream.avail_out == 0 && output_given == out.size()) {
+      // No progress possible: continue only if there is more input or room to give.
+      const bool more_input = stream.avail_in == 0 && input_taken < compressed.size();
+      const bool more_room = stream.avail_out == 0 && output_given < out.size();
+      if (more_input || more_room) continue;
+      if (stream.avail_out == 0) {
         return MalformedError(context, fmt::format("the member inflates to more than the {} bytes "
                                                    "its directory entry says",
                                                    out.size()));
       }
-      continue;
+      return MalformedError(context, "the deflate stream ends early (truncated or corrupt)");
     }
     return MalformedError(context, fmt::format("corrupt deflate stream: {}",
                                                stream.msg != nullptr ? stream.msg : "zlib error"));
