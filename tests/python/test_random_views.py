@@ -47,12 +47,13 @@ def test_strided_put_matches_numpy_astype(x, device_dtype):
     # (truncate toward zero, saturate, NaN -> 0), computed with Python integers.
     target = np.dtype(ml_dtypes.bfloat16) if device_dtype == "bfloat16" else np.dtype(device_dtype)
     on_device = x.astype(target)
-    if x.dtype.kind in "iu" and on_device.dtype.kind != x.dtype.kind:
-        expected = saturating_float_to_int(on_device, x.dtype)
-    elif x.dtype.kind in "iub" or target.kind not in "iu":
-        expected = on_device.astype(x.dtype)
+    integral = "iub"  # numpy kinds of bool and integers (ml_dtypes' bfloat16 is kind "V")
+    if x.dtype.kind in "iu" and on_device.dtype.kind not in integral:
+        expected = saturating_float_to_int(on_device, x.dtype)  # int -> float -> int
+    elif x.dtype.kind in integral or target.kind not in "iu":
+        expected = on_device.astype(x.dtype)  # wrapping int casts, or float legs only
     else:
-        expected = saturating_float_to_int(x, target).astype(x.dtype)
+        expected = saturating_float_to_int(x, target).astype(x.dtype)  # float -> int -> float
     np.testing.assert_array_equal(stored, expected)
 
 
