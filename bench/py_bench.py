@@ -32,7 +32,7 @@ def huge_page_array(nbytes):
     HostTensor sources of the C++ cases: both sides then read the same kind of memory (with 4 KiB
     pages, TLB misses on the source alone cost about a third of the transfer time here)."""
     huge = 2 << 20
-    region = mmap.mmap(-1, nbytes + huge)
+    region = mmap.mmap(-1, nbytes + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     region.madvise(mmap.MADV_HUGEPAGE)
     address = ctypes.addressof(ctypes.c_char.from_buffer(region))
     offset = (-address) % huge
