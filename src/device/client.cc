@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ferry/core/convert.h"
+#include "ferry/core/copy_convert.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -44,6 +45,16 @@ std::vector<DType> DeviceCapabilities::HeldDTypes() const {
 StatusOr<HostView> Buffer::HostAccessibleView() const {
   return UnimplementedError(
       fmt::format("HostAccessibleView is not supported on {}", device()->client()->backend()));
+}
+
+Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst) {
+  if (dst.dims != buffer_dims) {
+    return InvalidArgumentError(
+        fmt::format("ToHost: destination dims [{}] differ from the buffer's [{}]",
+                    fmt::join(dst.dims, ","), fmt::join(buffer_dims, ",")));
+  }
+  FERRY_RETURN_IF_ERROR(dst.ComputeAddressedBytes("destination").status());
+  return CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, buffer_dims), dst).status();
 }
 
 Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, DType device_dtype,

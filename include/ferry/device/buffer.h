@@ -45,4 +45,8 @@ class Buffer {
   virtual StatusOr<HostView> HostAccessibleView() const;
 };
 
+// Checks shared by every backend before a ToHost starts: `dst` has the buffer's dims, is
+// self-consistent, and `device_dtype` converts to its dtype. InvalidArgument/Unimplemented else.
+Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst);
+
 }  // namespace ferry

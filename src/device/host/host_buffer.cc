@@ -71,12 +71,7 @@ StatusOr<HostView> HostBuffer::HostAccessibleView() const {
 }
 
 Future<> HostBuffer::ToHost(const MutableHostView& dst) {
-  if (dst.dims != dims_) {
-    return Future<>::Ready(InvalidArgumentError(
-        fmt::format("ToHost: destination dims [{}] differ from the buffer's [{}]",
-                    fmt::join(dst.dims, ","), fmt::join(dims_, ","))));
-  }
-  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+  if (Status valid = CheckToHostArgs(dims_, device_dtype_, dst); !valid.ok()) {
     return Future<>::Ready(valid);
   }
   auto plan = CopyConvertPlan::Create(HostView::Dense(data(), device_dtype_, dims_), dst);

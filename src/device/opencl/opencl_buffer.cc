@@ -243,18 +243,8 @@ void StartRead(ReadRequest request) {
 }  // namespace
 
 Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
-  if (dst.dims != dims_) {
-    return Future<>::Ready(InvalidArgumentError(
-        fmt::format("ToHost: destination dims [{}] differ from the buffer's [{}]",
-                    fmt::join(dst.dims, ","), fmt::join(dims_, ","))));
-  }
-  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+  if (Status valid = CheckToHostArgs(dims_, device_dtype_, dst); !valid.ok()) {
     return Future<>::Ready(valid);
-  }
-  if (Status convertible =
-          CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype_, dims_), dst).status();
-      !convertible.ok()) {
-    return Future<>::Ready(convertible);
   }
   const std::string what =
       fmt::format("reading tensor '{}' from {}", tensor_name_, memory_->queue().name());
