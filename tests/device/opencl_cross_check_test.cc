@@ -423,6 +423,45 @@ TEST_F(OpenClCrossCheckTest, ConvertedTransfersCountTheirStagingBytes) {
   EXPECT_EQ(metrics::StagingBytes()->Value() - staged, 100 * 1000 * 4);
 }
 
+TEST_F(OpenClCrossCheckTest, FreedMemoryIsReusedAfterPendingReadsOfItsLastOwner) {
+  // Two tensors of the same size: the second takes the first's cl_mem from the cache while a read
+  // of the first is still pending on it. The in-order queue must finish that read first.
+  constexpr int64_t kElements = 1 << 20;
+  std::vector<float> first(kElements), second(kElements), first_back(kElements, -1);
+  for (int64_t i = 0; i < kElements; ++i) {
+    first[i] = static_cast<float>(i);
+    second[i] = static_cast<float>(-i - 7);
+  }
+  const opencl::DeviceQueue* queue = opencl::DeviceQueueOf(opencl_device());
+  ASSERT_NE(queue, nullptr);
+  const int64_t cached_before = queue->cached_bytes();
+  StatusOr<std::unique_ptr<Buffer>> buffer = opencl_->BufferFromHostBuffer(
+      HostView::Dense(first.data(), DType::kF32, {kElements}), DType::kF32, opencl_device(),
+      HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "first");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  Future<> read =
+      (*buffer)->ToHost(MutableHostView::Dense(first_back.data(), DType::kF32, {kElements}));
+  buffer->reset();  // its memory goes to the cache with the read still pending
+  EXPECT_EQ(queue->cached_bytes(), cached_before + kElements * 4);
+  EXPECT_EQ(opencl_device()->bytes_in_use(), 0);
+
+  StatusOr<std::unique_ptr<Buffer>> reuse = opencl_->BufferFromHostBuffer(
+      HostView::Dense(second.data(), DType::kF32, {kElements}), DType::kF32, opencl_device(),
+      HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "second");
+  ASSERT_TRUE(reuse.ok()) << reuse.status();
+  EXPECT_EQ(queue->cached_bytes(), cached_before);  // taken from the cache
+  EXPECT_EQ(opencl_device()->bytes_in_use(), kElements * 4);
+  const std::optional<Status> read_status = AwaitFor(read);
+  ASSERT_TRUE(read_status.has_value() && read_status->ok()) << *read_status;
+  EXPECT_EQ(first_back, first);
+
+  std::vector<float> second_back(kElements, -1);
+  const std::optional<Status> second_read = AwaitFor(
+      (*reuse)->ToHost(MutableHostView::Dense(second_back.data(), DType::kF32, {kElements})));
+  ASSERT_TRUE(second_read.has_value() && second_read->ok()) << *second_read;
+  EXPECT_EQ(second_back, second);
+}
+
 // Needs no OpenCL: a library that cannot be opened makes the backend Unavailable, naming it.
 TEST(OpenClUnavailableTest, MissingLibraryIsUnavailableNamingIt) {
   const char* previous = std::getenv("FERRY_OPENCL_LIBRARY");

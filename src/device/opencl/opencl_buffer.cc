@@ -14,7 +14,8 @@ namespace ferry::opencl {
 
 StatusOr<std::shared_ptr<DeviceQueue>> DeviceQueue::Create(const OpenClLibrary& cl,
                                                            cl_device_id device, bool opencl_1x,
-                                                           std::string name) {
+                                                           std::string name,
+                                                           int64_t cache_limit_bytes) {
   cl_platform_id platform = nullptr;
   FERRY_OPENCL_RETURN_IF_ERROR(
       cl.clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof(platform), &platform, nullptr),
@@ -36,12 +37,101 @@ StatusOr<std::shared_ptr<DeviceQueue>> DeviceQueue::Create(const OpenClLibrary& 
     cl.clReleaseContext(context);
     return FERRY_OPENCL_STATUS(error, "clCreateCommandQueue", name);
   }
-  return std::shared_ptr<DeviceQueue>(new DeviceQueue(cl, device, context, queue, std::move(name)));
+  return std::shared_ptr<DeviceQueue>(
+      new DeviceQueue(cl, device, context, queue, std::move(name), cache_limit_bytes));
 }
 
 DeviceQueue::~DeviceQueue() {
+  Release(TakeAllCached());
   cl_.clReleaseCommandQueue(queue_);
   cl_.clReleaseContext(context_);
+}
+
+namespace {
+
+bool IsOutOfMemory(cl_int error) {
+  return error == CL_MEM_OBJECT_ALLOCATION_FAILURE || error == CL_OUT_OF_RESOURCES ||
+         error == CL_OUT_OF_HOST_MEMORY;
+}
+
+}  // namespace
+
+StatusOr<cl_mem> DeviceQueue::AllocateMemory(int64_t size_bytes, std::string_view tensor_name) {
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    // Newest first: its pages are the likeliest to be resident.
+    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
+      if (it->size_bytes != size_bytes) continue;
+      const cl_mem mem = it->mem;
+      cached_bytes_ -= size_bytes;
+      cache_.erase(std::next(it).base());
+      return mem;
+    }
+  }
+  cl_int error = CL_SUCCESS;
+  cl_mem mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes),
+                                  nullptr, &error);
+  if (IsOutOfMemory(error)) {
+    std::deque<CachedMemory> evicted = TakeAllCached();
+    if (!evicted.empty()) {
+      Release(evicted);
+      mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes),
+                               nullptr, &error);
+    }
+  }
+  if (error != CL_SUCCESS) {
+    return FERRY_OPENCL_STATUS(
+        error, "clCreateBuffer",
+        fmt::format("tensor '{}' ({} bytes) on {}", tensor_name, size_bytes, name_));
+  }
+  return mem;
+}
+
+void DeviceQueue::FreeMemory(cl_mem mem, int64_t size_bytes) {
+  std::deque<CachedMemory> evicted;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (!cache_closed_ && size_bytes <= cache_limit_bytes_) {
+      while (cached_bytes_ + size_bytes > cache_limit_bytes_) {
+        evicted.push_back(cache_.front());
+        cached_bytes_ -= cache_.front().size_bytes;
+        cache_.pop_front();
+      }
+      cache_.push_back({mem, size_bytes});
+      cached_bytes_ += size_bytes;
+      mem = nullptr;
+    }
+  }
+  if (mem != nullptr) evicted.push_back({mem, size_bytes});
+  Release(evicted);
+}
+
+void DeviceQueue::CloseCache() {
+  std::deque<CachedMemory> evicted;
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex_);
+    cache_closed_ = true;
+    evicted.swap(cache_);
+    cached_bytes_ = 0;
+  }
+  Release(evicted);
+}
+
+int64_t DeviceQueue::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return cached_bytes_;
+}
+
+std::deque<DeviceQueue::CachedMemory> DeviceQueue::TakeAllCached() {
+  std::deque<CachedMemory> taken;
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  taken.swap(cache_);
+  cached_bytes_ = 0;
+  return taken;
+}
+
+void DeviceQueue::Release(const std::deque<CachedMemory>& memory) const {
+  for (const CachedMemory& cached : memory) cl_.clReleaseMemObject(cached.mem);
 }
 
 ClientLifetime::Token& ClientLifetime::Token::operator=(Token&& other) noexcept {
@@ -99,22 +189,19 @@ StatusOr<std::shared_ptr<DeviceMemory>> DeviceMemory::Create(std::shared_ptr<Dev
   FERRY_RETURN_IF_ERROR(account->Reserve(size_bytes, tensor_name, queue->name()));
   cl_mem mem = nullptr;
   if (size_bytes > 0) {
-    cl_int error = CL_SUCCESS;
-    mem = queue->cl().clCreateBuffer(queue->context(), CL_MEM_READ_WRITE,
-                                     static_cast<size_t>(size_bytes), nullptr, &error);
-    if (error != CL_SUCCESS) {
+    StatusOr<cl_mem> allocated = queue->AllocateMemory(size_bytes, tensor_name);
+    if (!allocated.ok()) {
       account->Release(size_bytes);
-      return FERRY_OPENCL_STATUS(
-          error, "clCreateBuffer",
-          fmt::format("tensor '{}' ({} bytes) on {}", tensor_name, size_bytes, queue->name()));
+      return allocated.status();
     }
+    mem = *allocated;
   }
   return std::shared_ptr<DeviceMemory>(
       new DeviceMemory(std::move(queue), std::move(account), mem, size_bytes));
 }
 
 DeviceMemory::~DeviceMemory() {
-  if (mem_ != nullptr) queue_->cl().clReleaseMemObject(mem_);
+  if (mem_ != nullptr) queue_->FreeMemory(mem_, size_bytes_);
   account_->Release(size_bytes_);
 }
 

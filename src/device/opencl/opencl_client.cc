@@ -38,6 +38,12 @@ StatusOr<T> GetDeviceValue(const OpenClLibrary& cl, cl_device_id device, cl_devi
   return value;
 }
 
+// How much freed device memory a device keeps for reuse (DeviceQueue's cache): a quarter of its
+// global memory, at most 2 GiB, so the cache never crowds out the tensors themselves.
+int64_t MemoryCacheLimitBytes(int64_t global_memory_bytes) {
+  return std::min<int64_t>(global_memory_bytes / 4, int64_t{2} << 30);
+}
+
 bool HasExtension(const std::string& extensions, std::string_view name) {
   std::istringstream words(extensions);
   std::string word;
@@ -236,7 +242,8 @@ StatusOr<std::unique_ptr<Client>> OpenClClient::Create(const ClientOptions& opti
     const std::string name = fmt::format("opencl:{}", index);
     StatusOr<OpenClDeviceInfo> info = ReadDeviceInfo(*cl, platform, device, name);
     StatusOr<std::shared_ptr<DeviceQueue>> queue =
-        info.ok() ? DeviceQueue::Create(*cl, device, info->opencl_1x, name)
+        info.ok() ? DeviceQueue::Create(*cl, device, info->opencl_1x, name,
+                                        MemoryCacheLimitBytes(info->global_memory_bytes))
                   : StatusOr<std::shared_ptr<DeviceQueue>>(info.status());
     if (!queue.ok()) {
       return UnavailableError(fmt::format("the opencl backend is unavailable: {}",
@@ -258,8 +265,12 @@ OpenClClient::~OpenClClient() {
   // Every enqueued command completes; then every event callback has returned (the tokens).
   for (auto& device : devices_) device->FinishQueue();
   lifetime_->WaitUntilIdle();
-  // Now no callback can touch a ring: unmap and free the staging chunks on this thread.
-  for (auto& device : devices_) device->DestroyRing();
+  // Now no callback can touch a ring: unmap and free the staging chunks on this thread. Freed
+  // device memory is released; buffers that outlive the client release theirs when they die.
+  for (auto& device : devices_) {
+    device->DestroyRing();
+    device->queue()->CloseCache();
+  }
 }
 
 StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
