@@ -5,13 +5,41 @@
 #include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/freed_memory_cache.h"
 
 namespace ferry {
 
-std::byte* AllocateHostMemory(int64_t size_bytes) {
+namespace {
+
+constexpr int64_t kMinCachedBytes = int64_t{1} << 20;
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int64_t kDefaultCacheLimitBytes = 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int64_t kDefaultCacheLimitBytes = 0;
+#else
+constexpr int64_t kDefaultCacheLimitBytes = int64_t{1} << 30;
+#endif
+#else
+constexpr int64_t kDefaultCacheLimitBytes = int64_t{1} << 30;
+#endif
+
+int64_t CacheLimitFromEnvironment() {
+  const char* env = std::getenv("FERRY_HOST_MEMORY_CACHE_BYTES");
+  int64_t limit = 0;
+  if (env == nullptr || !absl::SimpleAtoi(env, &limit) || limit < 0) {
+    return kDefaultCacheLimitBytes;
+  }
+  return limit;
+}
+
+std::byte* AllocateFromSystem(int64_t size_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t size = static_cast<size_t>(std::max<int64_t>(size_bytes, 1));
   const size_t alignment = size >= kHugePage ? kHugePage : kHostAlignment;
@@ -24,9 +52,32 @@ std::byte* AllocateHostMemory(int64_t size_bytes) {
   return static_cast<std::byte*>(memory);
 }
 
-void FreeHostMemory(std::byte* memory) { std::free(memory); }
+// Never destroyed: blocks freed during static destruction still find it.
+FreedMemoryCache<std::byte*>& Cache() {
+  static auto* const cache = new FreedMemoryCache<std::byte*>(
+      CacheLimitFromEnvironment(), kMinCachedBytes, [](std::byte* memory) { std::free(memory); });
+  return *cache;
+}
 
-void HostTensor::AlignedFree::operator()(std::byte* p) const { FreeHostMemory(p); }
+}  // namespace
+
+std::byte* AllocateHostMemory(int64_t size_bytes) {
+  if (size_bytes >= kMinCachedBytes) {
+    if (std::optional<std::byte*> cached = Cache().Take(size_bytes)) return *cached;
+  }
+  std::byte* memory = AllocateFromSystem(size_bytes);
+  if (memory == nullptr && Cache().ReleaseAll()) memory = AllocateFromSystem(size_bytes);
+  return memory;
+}
+
+void FreeHostMemory(std::byte* memory, int64_t size_bytes) {
+  if (memory == nullptr) return;
+  Cache().Give(memory, size_bytes);
+}
+
+int64_t CachedHostMemoryBytes() { return Cache().cached_bytes(); }
+int64_t HostMemoryCacheLimitBytes() { return Cache().limit_bytes(); }
+void ReleaseCachedHostMemory() { Cache().ReleaseAll(); }
 
 StatusOr<HostTensor> HostTensor::Allocate(DType dtype, absl::Span<const int64_t> dims) {
   FERRY_ASSIGN_OR_RETURN(int64_t count, CheckedNumElements(dims));
@@ -43,7 +94,7 @@ StatusOr<HostTensor> HostTensor::Allocate(DType dtype, absl::Span<const int64_t>
     return ResourceExhaustedError(
         fmt::format("cannot allocate {} bytes of host memory", size_bytes));
   }
-  tensor.data_.reset(memory);
+  tensor.data_ = std::unique_ptr<std::byte[], AlignedFree>(memory, AlignedFree{size_bytes});
   return tensor;
 }
 

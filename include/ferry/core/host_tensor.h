@@ -15,9 +15,20 @@ inline constexpr size_t kHostAlignment = 64;
 // Allocates `size_bytes` of uninitialised host memory, 64-byte aligned; nullptr when the system
 // is out of memory. Allocations of 2 MiB or more are aligned to 2 MiB and advised to use huge
 // pages, so that first-touch page faults (which otherwise dominate large transfers into fresh
-// memory) are 512 times fewer. Free with FreeHostMemory. Thread-safe.
+// memory) are 512 times fewer. Free with FreeHostMemory, giving the same size. Thread-safe.
+//
+// Freed allocations of 1 MiB or more go to a process-wide cache and serve the next allocation of
+// exactly the same size (src/core/freed_memory_cache.h says why: fresh memory costs a zeroing
+// page fault per page on first touch, about the price of the copy itself). The cache holds at most
+// FERRY_HOST_MEMORY_CACHE_BYTES (default 1 GiB; 0 turns it off; off by default in AddressSanitizer
+// builds so that use-after-free stays detectable) and is emptied when an allocation fails.
 std::byte* AllocateHostMemory(int64_t size_bytes);
-void FreeHostMemory(std::byte* memory);
+void FreeHostMemory(std::byte* memory, int64_t size_bytes);
+// Bytes of freed host memory held by the cache, and its limit.
+int64_t CachedHostMemoryBytes();
+int64_t HostMemoryCacheLimitBytes();
+// Gives every cached block back to the system.
+void ReleaseCachedHostMemory();
 
 // Owns its bytes; movable, not copyable. Not thread-safe for concurrent writes (plain memory).
 class HostTensor {
@@ -37,8 +48,12 @@ class HostTensor {
   MutableHostView mutable_view() { return MutableHostView::Dense(data_.get(), dtype_, dims_); }
 
  private:
+  // Gives the block back with its size (FreeHostMemory needs it).
   struct AlignedFree {
-    void operator()(std::byte* p) const;
+    AlignedFree() noexcept : size_bytes(0) {}
+    explicit AlignedFree(int64_t size) noexcept : size_bytes(size) {}
+    void operator()(std::byte* p) const { FreeHostMemory(p, size_bytes); }
+    int64_t size_bytes;
   };
   DType dtype_ = DType::kF32;
   Dims dims_;

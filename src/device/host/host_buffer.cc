@@ -25,7 +25,7 @@ StatusOr<std::shared_ptr<DeviceAllocation>> DeviceAllocation::Create(
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  FreeHostMemory(data_);
+  FreeHostMemory(data_, size_bytes_);
   account_->Release(size_bytes_);
 }
 

@@ -42,7 +42,7 @@ StatusOr<std::shared_ptr<DeviceQueue>> DeviceQueue::Create(const OpenClLibrary& 
 }
 
 DeviceQueue::~DeviceQueue() {
-  Release(TakeAllCached());
+  cache_.ReleaseAll();
   cl_.clReleaseCommandQueue(queue_);
   cl_.clReleaseContext(context_);
 }
@@ -57,27 +57,13 @@ bool IsOutOfMemory(cl_int error) {
 }  // namespace
 
 StatusOr<cl_mem> DeviceQueue::AllocateMemory(int64_t size_bytes, std::string_view tensor_name) {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    // Newest first: its pages are the likeliest to be resident.
-    for (auto it = cache_.rbegin(); it != cache_.rend(); ++it) {
-      if (it->size_bytes != size_bytes) continue;
-      const cl_mem mem = it->mem;
-      cached_bytes_ -= size_bytes;
-      cache_.erase(std::next(it).base());
-      return mem;
-    }
-  }
+  if (std::optional<cl_mem> cached = cache_.Take(size_bytes)) return *cached;
   cl_int error = CL_SUCCESS;
   cl_mem mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes),
                                   nullptr, &error);
-  if (IsOutOfMemory(error)) {
-    std::deque<CachedMemory> evicted = TakeAllCached();
-    if (!evicted.empty()) {
-      Release(evicted);
-      mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes),
-                               nullptr, &error);
-    }
+  if (IsOutOfMemory(error) && cache_.ReleaseAll()) {
+    mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes), nullptr,
+                             &error);
   }
   if (error != CL_SUCCESS) {
     return FERRY_OPENCL_STATUS(
@@ -85,53 +71,6 @@ StatusOr<cl_mem> DeviceQueue::AllocateMemory(int64_t size_bytes, std::string_vie
         fmt::format("tensor '{}' ({} bytes) on {}", tensor_name, size_bytes, name_));
   }
   return mem;
-}
-
-void DeviceQueue::FreeMemory(cl_mem mem, int64_t size_bytes) {
-  std::deque<CachedMemory> evicted;
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (!cache_closed_ && size_bytes <= cache_limit_bytes_) {
-      while (cached_bytes_ + size_bytes > cache_limit_bytes_) {
-        evicted.push_back(cache_.front());
-        cached_bytes_ -= cache_.front().size_bytes;
-        cache_.pop_front();
-      }
-      cache_.push_back({mem, size_bytes});
-      cached_bytes_ += size_bytes;
-      mem = nullptr;
-    }
-  }
-  if (mem != nullptr) evicted.push_back({mem, size_bytes});
-  Release(evicted);
-}
-
-void DeviceQueue::CloseCache() {
-  std::deque<CachedMemory> evicted;
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    cache_closed_ = true;
-    evicted.swap(cache_);
-    cached_bytes_ = 0;
-  }
-  Release(evicted);
-}
-
-int64_t DeviceQueue::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  return cached_bytes_;
-}
-
-std::deque<DeviceQueue::CachedMemory> DeviceQueue::TakeAllCached() {
-  std::deque<CachedMemory> taken;
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  taken.swap(cache_);
-  cached_bytes_ = 0;
-  return taken;
-}
-
-void DeviceQueue::Release(const std::deque<CachedMemory>& memory) const {
-  for (const CachedMemory& cached : memory) cl_.clReleaseMemObject(cached.mem);
 }
 
 ClientLifetime::Token& ClientLifetime::Token::operator=(Token&& other) noexcept {

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,6 +22,7 @@
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
 #include "ferry/device/memory_account.h"
+#include "src/core/freed_memory_cache.h"
 #include "src/device/opencl/opencl_library.h"
 
 namespace ferry::opencl {
@@ -32,21 +32,16 @@ class StagingRing;
 
 // One device's cl_context (a context of its own), in-order command queue and cache of freed
 // device memory. OpenCL 1.1+ makes every call used here thread-safe, so the queue is shared without
-// a lock; the cache has a lock of its own. Released by the last holder.
+// a lock. Released by the last holder.
 //
-// The cache: a buffer's cl_mem is not released when the buffer dies but kept for the next buffer
-// of exactly the same size, as PyTorch's caching allocator and PJRT's device allocators do.
-// Creating a cl_mem is cheap; its first write is not: the runtime backs fresh memory page by page
-// on first touch (on PoCL's CPU device a 256 MiB write into a fresh cl_mem takes ~9x as long as
-// into one written before). Tensors of a model come in few sizes, so repeated puts hit the cache.
-// At most `cache_limit_bytes` are kept (the oldest are released first); when clCreateBuffer runs
-// out of memory the cache is emptied and the creation retried. Cached memory is not counted in
-// the device's bytes_in_use (it belongs to no tensor). Reusing a cl_mem is safe with one in-order
-// queue: every command on the old buffer was enqueued before the memory came back to the cache,
-// so it runs before any command of the new buffer.
+// Freed cl_mems go to a FreedMemoryCache (freed_memory_cache.h says why: on PoCL's CPU device a
+// 256 MiB write into a fresh cl_mem takes ~9x as long as into one written before). Reusing a
+// cl_mem is safe with one in-order queue: every command on the old buffer was enqueued before its
+// memory came back to the cache, so it runs before any command of the new buffer.
 class DeviceQueue {
  public:
-  // `name` is the ferry device name ("opencl:0"), for messages.
+  // `name` is the ferry device name ("opencl:0"), for messages. At most `cache_limit_bytes` of
+  // freed memory are kept for reuse.
   static StatusOr<std::shared_ptr<DeviceQueue>> Create(const OpenClLibrary& cl, cl_device_id device,
                                                        bool opencl_1x, std::string name,
                                                        int64_t cache_limit_bytes);
@@ -60,23 +55,17 @@ class DeviceQueue {
   cl_command_queue queue() const { return queue_; }
   const std::string& name() const { return name_; }
 
-  // A new cl_mem of `size_bytes` (> 0): from the cache when it holds one of that size, else
+  // A cl_mem of `size_bytes` (> 0): from the cache when it holds one of that size, else
   // clCreateBuffer (emptying the cache and retrying once when that runs out of memory).
   // `tensor_name` is for the error message.
   StatusOr<cl_mem> AllocateMemory(int64_t size_bytes, std::string_view tensor_name);
-  // Gives back memory from AllocateMemory: cached for reuse, or released when caching is off,
-  // closed, or `size_bytes` exceeds the limit (the oldest cached memory is released to make room).
-  void FreeMemory(cl_mem mem, int64_t size_bytes);
+  // Gives back memory from AllocateMemory, to the cache or released.
+  void FreeMemory(cl_mem mem, int64_t size_bytes) { cache_.Give(mem, size_bytes); }
   // Releases the cached memory and caches no more (the client's destructor).
-  void CloseCache();
-  int64_t cached_bytes() const;
+  void CloseCache() { cache_.Close(); }
+  int64_t cached_bytes() const { return cache_.cached_bytes(); }
 
  private:
-  struct CachedMemory {
-    cl_mem mem;
-    int64_t size_bytes;
-  };
-
   DeviceQueue(const OpenClLibrary& cl, cl_device_id device, cl_context context,
               cl_command_queue queue, std::string name, int64_t cache_limit_bytes)
       : cl_(cl),
@@ -84,23 +73,15 @@ class DeviceQueue {
         context_(context),
         queue_(queue),
         name_(std::move(name)),
-        cache_limit_bytes_(cache_limit_bytes) {}
-
-  // Removes every cached entry and returns them, for release outside the lock.
-  std::deque<CachedMemory> TakeAllCached();
-  void Release(const std::deque<CachedMemory>& memory) const;
+        cache_(cache_limit_bytes, /*min_cached_bytes=*/0,
+               [&cl](cl_mem mem) { cl.clReleaseMemObject(mem); }) {}
 
   const OpenClLibrary& cl_;
   const cl_device_id device_;
   const cl_context context_;
   const cl_command_queue queue_;
   const std::string name_;
-  const int64_t cache_limit_bytes_;
-
-  mutable std::mutex cache_mutex_;
-  std::deque<CachedMemory> cache_;  // oldest first
-  int64_t cached_bytes_ = 0;
-  bool cache_closed_ = false;
+  FreedMemoryCache<cl_mem> cache_;
 };
 
 // Whether a client still runs, and how many operations it still has in flight. Shared by the

@@ -1,0 +1,123 @@
+// FreedMemoryCache: device memory that buffers have freed, kept for the next allocation of exactly
+// the same size (the idea of PyTorch's caching allocator and of PJRT's device allocators, reduced
+// to what a transfer library needs).
+//
+// Why: making fresh memory is cheap, but its first write is not. The kernel (host memory) or the
+// OpenCL runtime backs fresh memory page by page on first touch and zeroes every page, which costs
+// about as much as the transfer's own write; memory that was written before is just written
+// again. Tensors come in few sizes (the layers of a model, the batches of a data loader), so
+// repeated transfers hit the cache.
+//
+// Bounded: at most `limit_bytes` are kept; the oldest entries are released first to make room,
+// and an allocation that fails for want of memory should empty the cache (`ReleaseAll`) and retry.
+// Cached memory belongs to no tensor: it is not counted in a device's bytes_in_use. `Close` (the
+// client's destructor) releases everything and turns the cache into a pass-through, so memory of
+// buffers that outlive their client is released when they die.
+//
+// Thread-safe; `release` is called without the lock held, on the thread that evicts.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <utility>
+
+namespace ferry {
+
+template <typename Handle>
+class FreedMemoryCache {
+ public:
+  // `release` frees one handle for good. Entries smaller than `min_cached_bytes` are never cached
+  // (the allocator already serves small sizes well).
+  FreedMemoryCache(int64_t limit_bytes, int64_t min_cached_bytes,
+                   std::function<void(Handle)> release)
+      : limit_bytes_(limit_bytes),
+        min_cached_bytes_(min_cached_bytes),
+        release_(std::move(release)) {}
+  ~FreedMemoryCache() { ReleaseAll(); }
+  FreedMemoryCache(const FreedMemoryCache&) = delete;
+  FreedMemoryCache& operator=(const FreedMemoryCache&) = delete;
+
+  // A cached handle of exactly `size_bytes` (the most recently freed, its pages the likeliest to
+  // be resident), or nullopt.
+  std::optional<Handle> Take(int64_t size_bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      if (it->size_bytes != size_bytes) continue;
+      Handle handle = std::move(it->handle);
+      cached_bytes_ -= size_bytes;
+      entries_.erase(std::next(it).base());
+      return handle;
+    }
+    return std::nullopt;
+  }
+
+  // Keeps `handle` for reuse, or releases it when the cache is closed or the size is out of range.
+  void Give(Handle handle, int64_t size_bytes) {
+    std::deque<Entry> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!closed_ && size_bytes >= min_cached_bytes_ && size_bytes <= limit_bytes_) {
+        while (cached_bytes_ + size_bytes > limit_bytes_) {
+          cached_bytes_ -= entries_.front().size_bytes;
+          evicted.push_back(std::move(entries_.front()));
+          entries_.pop_front();
+        }
+        entries_.push_back({std::move(handle), size_bytes});
+        cached_bytes_ += size_bytes;
+      } else {
+        evicted.push_back({std::move(handle), size_bytes});
+      }
+    }
+    Release(evicted);
+  }
+
+  // Releases every cached handle; true when there was any (worth retrying a failed allocation).
+  bool ReleaseAll() {
+    std::deque<Entry> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      evicted.swap(entries_);
+      cached_bytes_ = 0;
+    }
+    Release(evicted);
+    return !evicted.empty();
+  }
+
+  // Releases every cached handle and caches nothing from now on.
+  void Close() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      closed_ = true;
+    }
+    ReleaseAll();
+  }
+
+  int64_t limit_bytes() const { return limit_bytes_; }
+  int64_t cached_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return cached_bytes_;
+  }
+
+ private:
+  struct Entry {
+    Handle handle;
+    int64_t size_bytes;
+  };
+
+  void Release(std::deque<Entry>& entries) const {
+    for (Entry& entry : entries) release_(std::move(entry.handle));
+  }
+
+  const int64_t limit_bytes_;
+  const int64_t min_cached_bytes_;
+  const std::function<void(Handle)> release_;
+  mutable std::mutex mutex_;
+  std::deque<Entry> entries_;  // oldest first
+  int64_t cached_bytes_ = 0;
+  bool closed_ = false;
+};
+
+}  // namespace ferry
