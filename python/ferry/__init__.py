@@ -6,6 +6,8 @@ their source alive exactly as long as they read it, and no GIL deadlocks. See do
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -28,7 +30,9 @@ __all__ = [
     "Sharding",
     "NotFoundError",
     "OutOfRangeError",
+    "PermissionDeniedError",
     "ResourceExhaustedError",
+    "TensorFile",
     "UnavailableError",
     "UnimplementedError",
     "device",
@@ -38,9 +42,12 @@ __all__ = [
     "from_dlpack",
     "make_array_from_callback",
     "make_array_from_shards",
+    "load_file",
     "metrics",
     "metrics_report",
+    "open_file",
     "reset_metrics",
+    "save_file",
 ]
 
 
@@ -61,6 +68,10 @@ class NotFoundError(Error, LookupError):
 
 
 class ResourceExhaustedError(Error, MemoryError):
+    pass
+
+
+class PermissionDeniedError(Error, PermissionError):
     pass
 
 
@@ -89,6 +100,7 @@ for _code, _cls in {
     1: CancelledError,
     3: InvalidArgumentError,
     5: NotFoundError,
+    7: PermissionDeniedError,
     8: ResourceExhaustedError,
     9: FailedPreconditionError,
     11: OutOfRangeError,
@@ -392,6 +404,173 @@ def device_get(x: Array | Sequence[Array]) -> np.ndarray | list[np.ndarray]:
 def from_dlpack(obj: Any, device: Device | str | None = None) -> Array:
     """Imports a DLPack producer; on the host device it is aliased without a copy."""
     return device_put(obj, device, semantics="zero_copy")
+
+
+# --- tensor files (docs/files.md) ----------------------------------------------------------------
+
+_FILE_FORMATS = {".safetensors": "safetensors", ".npy": "npy", ".npz": "npz"}
+
+
+class TensorFile(Mapping):
+    """A safetensors, .npy or .npz file opened by `open_file`: a read-only mapping from tensor
+    name to numpy array, in the file's order (safetensors: by data offset; .npz: archive order).
+
+    Arrays are read-only. Where `zero_copy(name)` is True the array is a view of the mapped file
+    (no copy was made); otherwise (deflated .npz members, big-endian .npy data) it views a copy
+    decoded once at open time. Every array holds what it views: the arrays stay valid after this
+    object is gone, and the file is unmapped when the last of them is gone. Copy an array
+    (`np.array(a)`) to get a writable one that does not hold the file.
+    """
+
+    def __init__(self, path: str, format: str, metadata: dict[str, str],
+                 entries: list[tuple[str, np.ndarray, bool, bool]]):
+        self._path = path
+        self._format = format
+        self._metadata = dict(metadata)
+        self._arrays = {name: array for name, array, _, _ in entries}
+        self._zero_copy = {name: zero_copy for name, _, zero_copy, _ in entries}
+        self._byte_swapped = {name: swapped for name, _, _, swapped in entries}
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def format(self) -> str:
+        """"safetensors", "npy" or "npz" (detected from the file's first bytes)."""
+        return self._format
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """safetensors' `__metadata__` (empty for numpy files)."""
+        return dict(self._metadata)
+
+    def zero_copy(self, name: str) -> bool:
+        """Whether tensor `name` is a view of the mapped file rather than of a decoded copy."""
+        return self._zero_copy[name]
+
+    def byte_swapped(self, name: str) -> bool:
+        """Whether the file stored tensor `name` big-endian (the array holds swapped values)."""
+        return self._byte_swapped[name]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        return f"ferry.TensorFile({self._path!r}, format={self._format}, tensors={len(self)})"
+
+
+def open_file(path: str | os.PathLike) -> TensorFile:
+    """Maps and validates a safetensors, .npy or .npz file (the format comes from its first bytes)
+    and returns its tensors as read-only numpy arrays, without copying little-endian data.
+
+    Malformed files raise InvalidArgumentError with a message that names the file, the tensor
+    and the broken rule; file-system errors raise NotFoundError, PermissionDeniedError, ...
+    The GIL is released while the file is opened and parsed.
+    """
+    path = os.fspath(path)
+    format_name, metadata, raw = _ferry._load_file(path)
+    entries = []
+    for name, data, dtype_name, zero_copy, byte_swapped in raw:
+        logical = _NUMPY_DTYPES[dtype_name]
+        entries.append((name, data if data.dtype == logical else data.view(logical), zero_copy,
+                        byte_swapped))
+    return TensorFile(path, format_name, metadata, entries)
+
+
+def load_file(
+    path: str | os.PathLike,
+    device: Device | str | None = None,
+    *,
+    device_dtype: Any = None,
+) -> dict[str, np.ndarray] | dict[str, Array]:
+    """Every tensor of a safetensors, .npy or .npz file, by name (see `open_file`).
+
+    Without `device` (and `device_dtype`): read-only numpy arrays, zero-copy views of the mapped
+    file where the data is stored little-endian and uncompressed; each array keeps the mapping
+    alive until it is gone. With `device`: ferry.Arrays, put there (stored as `device_dtype` if
+    given) straight from the mapped file in one batched `device_put`; the file is unmapped when
+    the call returns.
+    """
+    arrays = dict(open_file(path))
+    if device is None and device_dtype is None:
+        return arrays
+    names = list(arrays)
+    placed = device_put([arrays[name] for name in names], device, device_dtype=device_dtype)
+    return dict(zip(names, placed))
+
+
+def _file_format(path: str, format: str | None) -> str:
+    if format is not None:
+        if format not in ("safetensors", "npy", "npz"):
+            raise InvalidArgumentError(
+                f"format must be 'safetensors', 'npy' or 'npz', not {format!r}")
+        return format
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in _FILE_FORMATS:
+        raise InvalidArgumentError(
+            f"cannot tell the format of {path!r} from its extension: name it .safetensors, .npy or "
+            ".npz, or pass format=")
+    return _FILE_FORMATS[suffix]
+
+
+def _prepare_for_file(x: Any) -> tuple[Any, str | None]:
+    if isinstance(x, Array):
+        x = x.to_numpy()
+    elif isinstance(x, (list, tuple, int, float, complex, bool)):
+        x = np.asarray(x)
+    if isinstance(x, np.ndarray) and x.dtype.byteorder == ">":
+        x = x.astype(x.dtype.newbyteorder("<"))  # files are written little-endian
+    return _prepare(x)
+
+
+def save_file(
+    tensors: Mapping[str, Any] | Any,
+    path: str | os.PathLike,
+    *,
+    format: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    compressed: bool = False,
+) -> None:
+    """Writes `tensors` (name -> numpy array, torch tensor or any buffer / DLPack object, read
+    through its own strides) to `path` as safetensors, .npy or .npz.
+
+    `format` defaults to the one the extension names (.safetensors, .npy, .npz). safetensors
+    takes every dtype but complex128 and may carry `metadata` (str -> str, its `__metadata__`);
+    .npy holds exactly one array (a dict with one entry, or the array itself) and no bfloat16 or
+    float8; .npz is numpy.savez, or numpy.savez_compressed with `compressed=True`. The file is
+    written to `path + ".partial"` and renamed when complete. The GIL is released while writing:
+    do not change the arrays from another thread meanwhile.
+    """
+    path = os.fspath(path)
+    format = _file_format(path, format)
+    if isinstance(tensors, Mapping):
+        items = list(tensors.items())
+    elif format == "npy":
+        items = [("array", tensors)]
+    else:
+        raise InvalidArgumentError(
+            f"save_file takes a mapping of name to array for {format}, not {type(tensors).__name__}")
+    names, objects, overrides = [], [], []
+    for name, value in items:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"tensor names must be str, not {type(name).__name__}")
+        obj, override = _prepare_for_file(value)
+        names.append(name)
+        objects.append(obj)
+        overrides.append(override)
+    metadata_dict = {}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidArgumentError("metadata maps str to str")
+        metadata_dict[key] = value
+    _ferry._save_file(path, format, names, objects, overrides, metadata_dict, bool(compressed))
 
 
 def metrics() -> dict[str, float]:

@@ -21,27 +21,15 @@
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
 #include "src/python/gil.h"
+#include "src/python/numpy_arrays.h"
 #include "src/python/py_source.h"
+#include "src/python/status_error.h"
+#include "src/python/tensor_files.h"
 
 namespace nb = nanobind;
 
 namespace ferry::python {
 namespace {
-
-// A non-OK Status on its way to Python; translated into the matching ferry.Error subclass.
-struct StatusError {
-  Status status;
-};
-
-template <typename T>
-T ValueOrThrow(StatusOr<T> value) {
-  if (!value.ok()) throw StatusError{value.status()};
-  return *std::move(value);
-}
-
-void ThrowIfError(const Status& status) {
-  if (!status.ok()) throw StatusError{status};
-}
 
 // absl::StatusCode -> Python exception class, filled by ferry/__init__.py at import.
 std::map<int, PyObject*>& ErrorClasses() {
@@ -94,31 +82,6 @@ HostBufferSemantics ParseSemantics(const std::string& semantics) {
   if (semantics == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
   throw StatusError{InvalidArgumentError(
       fmt::format("semantics must be 'copy', 'async' or 'zero_copy', got '{}'", semantics))};
-}
-
-// Numpy has no bfloat16 or float8: those travel as unsigned ints of their size and the Python
-// layer views them as the ml_dtypes type.
-nb::dlpack::dtype StorageDLPackDType(DType dtype) {
-  const DTypeInfo& info = GetDTypeInfo(dtype);
-  switch (dtype) {
-    case DType::kBF16:
-    case DType::kF8E4M3FN:
-    case DType::kF8E5M2:
-      return nb::dlpack::dtype{static_cast<uint8_t>(nb::dlpack::dtype_code::UInt),
-                               static_cast<uint8_t>(info.size_bytes * 8), 1};
-    default:
-      return nb::dlpack::dtype{info.dlpack_code, info.dlpack_bits, 1};
-  }
-}
-
-// A numpy array that owns `tensor`.
-nb::object ToNumpy(HostTensor tensor) {
-  auto* owned = new HostTensor(std::move(tensor));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
-  std::vector<size_t> shape(owned->dims().begin(), owned->dims().end());
-  nb::ndarray<nb::numpy> array(owned->data(), shape.size(), shape.data(), owner, nullptr,
-                               StorageDLPackDType(owned->dtype()));
-  return nb::cast(array, nb::rv_policy::reference);
 }
 
 // A device array: one Data handle, or a tensor sharded over a mesh.
@@ -482,6 +445,8 @@ NB_MODULE(_ferry, m) {
   m.def("_deferred_release_enabled", &DeferredReleaseEnabled);
   m.def("_pending_release_count", &PendingReleaseCount);
   m.def("_drain_release_queue", &DrainReleaseQueue);
+
+  AddTensorFileFunctions(m);
 }
 
 }  // namespace ferry::python

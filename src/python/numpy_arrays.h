@@ -1,0 +1,31 @@
+// Numpy arrays over ferry's host memory, without copies. Every function requires the GIL.
+//
+// Numpy has no bfloat16 or float8: arrays of those dtypes are made with unsigned ints of the same
+// size, and the Python layer views them as the ml_dtypes type (ferry/__init__.py, _NUMPY_DTYPES).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <memory>
+
+#include "ferry/core/dtype.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/runtime/tensor_source.h"
+
+namespace ferry::python {
+
+// The DLPack dtype a numpy array of `dtype` is made with (unsigned ints for bf16 and float8).
+nanobind::dlpack::dtype StorageDLPackDType(DType dtype);
+
+// A writable numpy array that owns `tensor`: the tensor is freed when the array (and every view of
+// it) is gone.
+nanobind::object ToNumpy(HostTensor tensor);
+
+// A read-only numpy array over the view of `source`, with the view's byte strides (which must be
+// multiples of the element size, as every strided view read from a file is). The array holds a
+// reference to the source, so the memory it borrows (a mapped file, for a TensorFile's sources)
+// stays valid until the array and every view of it are gone.
+nanobind::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source);
+
+}  // namespace ferry::python

@@ -1,0 +1,109 @@
+#include "src/python/tensor_files.h"
+
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/io/tensor_file.h"
+#include "ferry/io/tensor_writer.h"
+#include "fmt/format.h"
+#include "src/python/gil.h"
+#include "src/python/numpy_arrays.h"
+#include "src/python/py_source.h"
+#include "src/python/status_error.h"
+
+namespace nb = nanobind;
+
+namespace ferry::python {
+namespace {
+
+// (format name, metadata, [(name, numpy array, dtype name, zero_copy, byte_swapped)]): every
+// tensor of the file as a read-only numpy view of its source. Opening (mapping, parsing, and
+// decoding compressed or big-endian tensors) runs without the GIL.
+nb::tuple LoadFile(const std::string& path) {
+  ApiScope api;
+  StatusOr<TensorFile> opened;
+  {
+    ScopedGilRelease unlocked;
+    opened = TensorFile::Open(path);
+  }
+  const TensorFile file = ValueOrThrow(std::move(opened));
+  nb::list entries;
+  for (const TensorFileEntry& entry : file.tensors()) {
+    const std::string dtype_name(DTypeName(entry.source->view().dtype));
+    entries.append(nb::make_tuple(entry.name, ReadOnlyNumpyView(entry.source), dtype_name,
+                                  entry.zero_copy, entry.byte_swapped));
+  }
+  return nb::make_tuple(std::string(file.format_name()), file.metadata(), entries);
+}
+
+// Writes `objects` (buffer-protocol objects or DLPack producers, read through their own strides)
+// as `names` in `format`. The objects are held until the write is done; the write runs without
+// the GIL.
+void SaveFile(const std::string& path, const std::string& format,
+              const std::vector<std::string>& names, const std::vector<nb::object>& objects,
+              const std::vector<std::optional<std::string>>& dtype_overrides,
+              const std::map<std::string, std::string>& metadata, bool compressed) {
+  ApiScope api;
+  if (format != "safetensors" && format != "npy" && format != "npz") {
+    throw StatusError{InvalidArgumentError(
+        fmt::format("format must be 'safetensors', 'npy' or 'npz', not '{}'", format))};
+  }
+  if (!metadata.empty() && format != "safetensors") {
+    throw StatusError{InvalidArgumentError(
+        fmt::format("metadata can only be written to safetensors files, not {}", format))};
+  }
+  if (compressed && format != "npz") {
+    throw StatusError{
+        InvalidArgumentError(fmt::format("compressed=True is for npz files only, not {}", format))};
+  }
+  if (format == "npy" && objects.size() != 1) {
+    throw StatusError{InvalidArgumentError(
+        fmt::format("a .npy file holds exactly one array, not {}", objects.size()))};
+  }
+  if (names.size() != objects.size() || dtype_overrides.size() != objects.size()) {
+    throw StatusError{InvalidArgumentError("save_file: names, objects and dtypes differ in count")};
+  }
+  // Declared before the unlocked scope: the sources (which hold Python objects) are dropped here,
+  // under the GIL, when the function returns.
+  std::vector<std::shared_ptr<const TensorSource>> sources;
+  std::vector<NamedTensor> tensors;
+  for (size_t i = 0; i < objects.size(); ++i) {
+    std::optional<DType> override_dtype;
+    if (dtype_overrides[i].has_value()) {
+      override_dtype = ValueOrThrow(DTypeFromName(*dtype_overrides[i]));
+    }
+    sources.push_back(ValueOrThrow(SourceFromPython(objects[i], override_dtype, names[i])));
+    tensors.push_back({names[i], sources.back()->view()});
+  }
+  Status status;
+  {
+    ScopedGilRelease unlocked;
+    if (format == "safetensors") {
+      status = WriteSafetensors(path, tensors, metadata);
+    } else if (format == "npy") {
+      status = WriteNpy(path, tensors[0].view);
+    } else {
+      status = WriteNpz(path, tensors, compressed);
+    }
+  }
+  ThrowIfError(status);
+}
+
+}  // namespace
+
+void AddTensorFileFunctions(nb::module_& module) {
+  module.def("_load_file", &LoadFile, nb::arg("path"));
+  module.def("_save_file", &SaveFile, nb::arg("path"), nb::arg("format"), nb::arg("names"),
+             nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("metadata"),
+             nb::arg("compressed"));
+}
+
+}  // namespace ferry::python
