@@ -6,6 +6,7 @@
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/runtime/transfer_internal.h"
 
 namespace ferry {
 
@@ -154,13 +155,16 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
                                     absl::Span<const std::shared_ptr<const TensorSource>> sources,
                                     const TransferToDeviceOptions& options) {
   FERRY_RETURN_IF_ERROR(CheckOptions(options));
-  std::vector<DataPtr> shards;
-  shards.reserve(sources.size());
+  ScopedTimer timer(metrics::TransferToDeviceTime());
+  // Every shard is started before any is waited for: the devices fill in parallel.
+  std::vector<internal::DeviceTransfer> transfers;
+  transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
-    FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> data,
-                           TransferToDevice({sources[i]}, sharding.mesh().devices()[i], options));
-    shards.push_back(std::move(data[0]));
+    transfers.push_back({sources[i], sharding.mesh().devices()[i],
+                         options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[0]});
   }
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> shards,
+                         internal::StartTransfers(transfers, options.semantics));
   return std::make_shared<ShardedData>(sharding, Dims(global_dims.begin(), global_dims.end()),
                                        logical_dtype, std::move(indices), std::move(shards));
 }

@@ -6,6 +6,7 @@
 #include "ferry/runtime/dtype_policy.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/runtime/transfer_internal.h"
 
 namespace ferry {
 
@@ -15,6 +16,84 @@ Data::Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name
 }
 
 Data::~Data() { metrics::DestroyDataHandles()->Add(); }
+
+namespace internal {
+namespace {
+
+// Starts one transfer; `on_done` runs once the source has been read (as `semantics` says).
+StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
+                                HostBufferSemantics semantics, OnDoneWithHostBuffer on_done) {
+  const std::shared_ptr<const TensorSource>& source = transfer.source;
+  if (source == nullptr) {
+    return InvalidArgumentError(fmt::format("TransferToDevice: source {} is null", index));
+  }
+  Device* device = transfer.device;
+  if (device == nullptr) return InvalidArgumentError("TransferToDevice: no device given");
+  const HostView& view = source->view();
+  bool downcast = false;
+  FERRY_ASSIGN_OR_RETURN(DType device_dtype,
+                         ChooseDeviceDType(view.dtype, transfer.device_dtype,
+                                           device->capabilities(), source->name(), &downcast));
+  if (Status convertible = CheckConvertible(view.dtype, device_dtype); !convertible.ok()) {
+    return Status(convertible.code(), fmt::format("tensor '{}': {}", source->name(),
+                                                  std::string(convertible.message())));
+  }
+  if (Status readable = CheckConvertible(device_dtype, view.dtype); !readable.ok()) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': storing {} as {} would make it unreadable in its own dtype: {}",
+                    source->name(), DTypeName(view.dtype), DTypeName(device_dtype),
+                    std::string(readable.message())));
+  }
+  if (downcast) metrics::SourceDowncasts()->Add();
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, device->client()->BufferFromHostBuffer(
+                                                             view, device_dtype, device, semantics,
+                                                             std::move(on_done), source->name()));
+  metrics::OutboundData()->AddSample(static_cast<double>(view.dense_size_bytes()));
+  return std::make_shared<Data>(std::move(buffer), view.dtype, source->name());
+}
+
+}  // namespace
+
+StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> transfers,
+                                              HostBufferSemantics semantics) {
+  const bool overlap =
+      semantics == HostBufferSemantics::kImmutableOnlyDuringCall && transfers.size() > 1;
+  std::vector<Future<>> sources_read;  // of the sources started asynchronously
+  auto wait_for_sources = [&sources_read] {
+    if (!sources_read.empty()) JoinFutures(sources_read).Await();
+  };
+  // On error `handles` goes out of scope: everything this call started is released.
+  std::vector<DataPtr> handles;
+  handles.reserve(transfers.size());
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    const std::shared_ptr<const TensorSource>& source = transfers[i].source;
+    // The transfer owns a reference to its source until it has read the last byte; the
+    // completion callback drops it (on a runtime thread for asynchronous semantics).
+    OnDoneWithHostBuffer on_done = [keep_alive = source]() mutable { keep_alive.reset(); };
+    HostBufferSemantics this_semantics = semantics;
+    std::optional<Promise<>> read;
+    if (overlap && source != nullptr &&
+        source->view().num_elements() * DTypeSize(source->view().dtype) >= kOverlapMinBytes) {
+      this_semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+      read.emplace();
+      on_done = [keep_alive = source, read = *read]() mutable {
+        keep_alive.reset();
+        read.Set(OkStatus());
+      };
+    }
+    StatusOr<DataPtr> handle = StartTransfer(transfers[i], i, this_semantics, std::move(on_done));
+    if (!handle.ok()) {
+      wait_for_sources();  // the caller may reuse the sources once this returns
+      return handle.status();
+    }
+    if (read.has_value()) sources_read.push_back(read->future());
+    handles.push_back(*std::move(handle));
+  }
+  wait_for_sources();
+  return handles;
+}
+
+}  // namespace internal
 
 StatusOr<std::vector<DataPtr>> TransferToDevice(
     absl::Span<const std::shared_ptr<const TensorSource>> sources, Device* device,
@@ -26,44 +105,13 @@ StatusOr<std::vector<DataPtr>> TransferToDevice(
         "TransferToDevice: {} device dtypes for {} sources (give none, or one per source)",
         options.device_dtypes.size(), sources.size()));
   }
-  Client* client = device->client();
-  std::vector<DataPtr> handles;
-  handles.reserve(sources.size());
+  std::vector<internal::DeviceTransfer> transfers;
+  transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
-    const std::shared_ptr<const TensorSource>& source = sources[i];
-    if (source == nullptr) {
-      return InvalidArgumentError(fmt::format("TransferToDevice: source {} is null", i));
-    }
-    const HostView& view = source->view();
-    bool downcast = false;
-    FERRY_ASSIGN_OR_RETURN(
-        DType device_dtype,
-        ChooseDeviceDType(view.dtype,
-                          options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[i],
-                          device->capabilities(), source->name(), &downcast));
-    if (Status convertible = CheckConvertible(view.dtype, device_dtype); !convertible.ok()) {
-      return Status(convertible.code(), fmt::format("tensor '{}': {}", source->name(),
-                                                    std::string(convertible.message())));
-    }
-    if (Status readable = CheckConvertible(device_dtype, view.dtype); !readable.ok()) {
-      return InvalidArgumentError(
-          fmt::format("tensor '{}': storing {} as {} would make it unreadable in its own dtype: {}",
-                      source->name(), DTypeName(view.dtype), DTypeName(device_dtype),
-                      std::string(readable.message())));
-    }
-    if (downcast) metrics::SourceDowncasts()->Add();
-    // The transfer owns a reference to its source until it has read the last byte; the
-    // completion callback drops it (on a runtime thread for asynchronous semantics).
-    OnDoneWithHostBuffer release_source = [keep_alive = source]() mutable { keep_alive.reset(); };
-    // On error `handles` goes out of scope: everything this call started is released.
-    FERRY_ASSIGN_OR_RETURN(
-        std::unique_ptr<Buffer> buffer,
-        client->BufferFromHostBuffer(view, device_dtype, device, options.semantics,
-                                     std::move(release_source), source->name()));
-    metrics::OutboundData()->AddSample(static_cast<double>(view.dense_size_bytes()));
-    handles.push_back(std::make_shared<Data>(std::move(buffer), view.dtype, source->name()));
+    transfers.push_back({sources[i], device,
+                         options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[i]});
   }
-  return handles;
+  return internal::StartTransfers(transfers, options.semantics);
 }
 
 StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> data,

@@ -137,6 +137,49 @@ TEST(TransferTest, AsyncTransferReleasesBorrowedSourceExactlyOnceAfterReading) {
   }
 }
 
+// kImmutableOnlyDuringCall batches start their large sources asynchronously, all before waiting:
+// still, no source may be held (or read) once the call has returned, on success or on error.
+TEST(TransferTest, OnlyDuringCallBatchHasReadEverySourceWhenItReturns) {
+  auto client = MakeHostClient();
+  Device* device = client->devices()[0];
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "a source fails to start" : "all succeed");
+    std::atomic<int> destroyed{0};
+    std::vector<std::shared_ptr<const TensorSource>> batch;
+    constexpr int kLarge = 6;
+    const int64_t count = (int64_t{4} << 20) / 4;  // 4 MiB each: started asynchronously
+    for (int i = 0; i < kLarge; ++i) {
+      auto tracked = std::make_shared<Tracked>();
+      tracked->values.assign(count, static_cast<float>(i));
+      tracked->destroyed = &destroyed;
+      const float* begin = tracked->values.data();
+      batch.push_back(TensorSource::Borrow(HostView::Dense(begin, DType::kF32, {count}), begin,
+                                           count * 4, std::move(tracked),
+                                           "large" + std::to_string(i))
+                          .value());
+    }
+    batch.push_back(MakeSource(DType::kF32, {16}, "small"));
+    // A complex source cannot be stored as f32: the batch fails on its last source.
+    if (fail) batch.push_back(MakeSource(DType::kC64, {16}, "complex"));
+    TransferToDeviceOptions options;
+    options.semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
+    options.device_dtypes.assign(batch.size(), DType::kF32);
+    StatusOr<std::vector<DataPtr>> data = TransferToDevice(batch, device, options);
+    EXPECT_EQ(data.ok(), !fail) << data.status();
+    batch.clear();
+    // Nothing of the call holds a source any more: dropping ours destroys them all at once.
+    EXPECT_EQ(destroyed.load(), kLarge);
+    if (data.ok()) {
+      auto back = TransferFromDevice(*data).value();
+      for (int i = 0; i < kLarge; ++i) {
+        const float* out = reinterpret_cast<const float*>(back[i].data());
+        EXPECT_EQ(out[0], static_cast<float>(i));
+        EXPECT_EQ(out[count - 1], static_cast<float>(i));
+      }
+    }
+  }
+}
+
 TEST(TransferTest, BatchIsAllOrNothingAndKeepsEarlierData) {
   ClientOptions options;
   options.capabilities = DeviceCapabilities::All();
