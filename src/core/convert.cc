@@ -1,6 +1,9 @@
 // Element conversions. The rules (docs/conversions.md) are implemented once, as one-element
 // functions composed per pair by ConvertElement; the kernels are templates that apply it along a
 // strided row, so that every one of the 225 numeric pairs follows the same rules by construction.
+// These are the scalar reference and the portable kernel level; the vector levels
+// (convert_avx2.cc, convert_avx512.cc) must match them bit for bit, and GetConvertKernel picks
+// among them (the level detection is in convert_level.cc).
 //
 // The hardware conversions used here (f64 <-> f32, integer -> f32/f64) rely on the default
 // floating-point environment: round to nearest even, no FTZ/DAZ (see docs/conversions.md).
@@ -14,12 +17,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "ferry/core/dtype.h"
 #include "ferry/core/status.h"
+#include "fmt/format.h"
+#include "src/core/convert_simd.h"
 
 namespace ferry {
 namespace {
@@ -409,6 +414,24 @@ MakeKernelTable(std::integer_sequence<int, kFroms...>) {
 
 constexpr auto kKernels = MakeKernelTable(std::make_integer_sequence<int, kNumNumericDTypes>());
 
+// The vector kernels (convert_simd.h) have their own function type, spelled the same.
+static_assert(std::is_same_v<ConvertKernel, convert_internal::SimdRowKernel>);
+
+std::optional<convert_internal::SimdFloat> SimdFloatOf(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return convert_internal::SimdFloat::kF16;
+    case DType::kBF16:
+      return convert_internal::SimdFloat::kBF16;
+    case DType::kF32:
+      return convert_internal::SimdFloat::kF32;
+    case DType::kF64:
+      return convert_internal::SimdFloat::kF64;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace
 
 uint16_t F32ToBF16Bits(float value) { return F32ToBF16BitsInline(value); }
@@ -449,15 +472,46 @@ float F16BitsToF32(uint16_t bits) {
 
 uint16_t F64ToF16Bits(double value) { return F32ToF16Bits(F64ToF32RoundToOdd(value)); }
 
-StatusOr<ConvertKernel> GetConvertKernel(DType from, DType to) {
+StatusOr<ConvertKernel> GetConvertKernel(DType from, DType to, ConvertKernelLevel level) {
   FERRY_RETURN_IF_ERROR(CheckConvertible(from, to));  // also rejects out-of-range values
-  if (from == to) return CopyKernelForSize(DTypeSize(from));
+  if (level != ConvertKernelLevel::kPortable && level != ConvertKernelLevel::kAvx2 &&
+      level != ConvertKernelLevel::kAvx512) {
+    return InvalidArgumentError(
+        fmt::format("invalid conversion kernel level {}", static_cast<int>(level)));
+  }
+  if (level > BestConvertKernelLevel()) {
+    return FailedPreconditionError(fmt::format(
+        "the {} conversion kernels need {}; this machine's best level is {}",
+        ConvertKernelLevelName(level),
+        level == ConvertKernelLevel::kAvx2
+            ? "an x86-64 CPU with AVX2, F16C and FMA"
+            : "an x86-64 CPU with AVX-512 F, BW and VL, AVX2, F16C and FMA, and an OS that saves "
+              "the AVX-512 registers",
+        ConvertKernelLevelName(BestConvertKernelLevel())));
+  }
+  if (from == to) return CopyKernelForSize(DTypeSize(from));  // a memcpy at every level
+
+  const std::optional<convert_internal::SimdFloat> simd_from = SimdFloatOf(from);
+  const std::optional<convert_internal::SimdFloat> simd_to = SimdFloatOf(to);
+  if (simd_from.has_value() && simd_to.has_value()) {
+    if (level >= ConvertKernelLevel::kAvx512) {
+      return convert_internal::Avx512RowKernel(*simd_from, *simd_to);
+    }
+    if (level >= ConvertKernelLevel::kAvx2) {
+      return convert_internal::Avx2RowKernel(*simd_from, *simd_to);
+    }
+  }
   const ConvertKernel kernel = kKernels[static_cast<size_t>(from)][static_cast<size_t>(to)];
   if (kernel == nullptr) {
-    return InternalError(absl::StrCat("no kernel converting ", static_cast<int>(from), " to ",
-                                      static_cast<int>(to)));
+    return InternalError(
+        fmt::format("no kernel converting {} to {}", DTypeName(from), DTypeName(to)));
   }
   return kernel;
+}
+
+StatusOr<ConvertKernel> GetConvertKernel(DType from, DType to) {
+  FERRY_ASSIGN_OR_RETURN(const ConvertKernelLevel level, ActiveConvertKernelLevel());
+  return GetConvertKernel(from, to, level);
 }
 
 }  // namespace ferry

@@ -7,10 +7,12 @@
 //   saturates, NaN -> 0; anything -> bool is `!= 0`; bool -> anything is 0 or 1;
 //   real -> complex has imaginary part 0; complex -> real is refused.
 //
-// All functions are pure and thread-safe.
+// All functions are thread-safe, and pure except for the kernel level, which depends on the CPU
+// and on FERRY_CONVERT_KERNELS (both read once).
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "ferry/core/dtype.h"
 #include "ferry/core/status.h"
@@ -36,8 +38,41 @@ uint16_t F64ToF16Bits(double value);
 using ConvertKernel = void (*)(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
                                int64_t dst_stride_bytes, int64_t count);
 
-// The kernel converting `from` to `to`, or the error of CheckConvertible(from, to).
-// Same-dtype pairs return a plain copy kernel (valid for storage-only types too).
+// The instruction sets a kernel may use, in increasing order. Every level gives bit-identical
+// results (the rules above, on every input); a higher one is only faster. The float pairs among
+// f16, bf16, f32 and f64 have vectorised kernels at kAvx2 and kAvx512; other pairs use the portable
+// kernel at every level.
+enum class ConvertKernelLevel {
+  kPortable,  // plain C++, compiled for the baseline of the target: runs on any CPU
+  kAvx2,      // x86-64 with AVX2, F16C and FMA
+  kAvx512,    // x86-64 with AVX-512 F, BW and VL (and the AVX2 level's features)
+};
+
+// "portable", "avx2" or "avx512". The returned view is valid forever.
+std::string_view ConvertKernelLevelName(ConvertKernelLevel level);
+
+// The level named `name` (as ConvertKernelLevelName spells it), or InvalidArgument.
+StatusOr<ConvertKernelLevel> ConvertKernelLevelFromName(std::string_view name);
+
+// The highest level this CPU and operating system support (on other architectures than x86-64,
+// kPortable). Detected once, on the first call.
+ConvertKernelLevel BestConvertKernelLevel();
+
+// The level GetConvertKernel(from, to) uses: BestConvertKernelLevel(), lowered to the level named
+// by the environment variable FERRY_CONVERT_KERNELS (portable, avx2 or avx512) when it is set,
+// not empty, and lower. A level the CPU lacks is never used: FERRY_CONVERT_KERNELS=avx512 on an
+// AVX2 machine means avx2. The variable is read once, on the first call; any other value is
+// InvalidArgument, then and on every later call.
+StatusOr<ConvertKernelLevel> ActiveConvertKernelLevel();
+
+// The kernel converting `from` to `to`, or the error of CheckConvertible(from, to), or the error
+// of ActiveConvertKernelLevel(). Same-dtype pairs return a plain copy kernel (valid for
+// storage-only types too). The kernel is a plain function, valid for the life of the process.
 StatusOr<ConvertKernel> GetConvertKernel(DType from, DType to);
+
+// The same at a chosen level, whatever FERRY_CONVERT_KERNELS says, for tests and benchmarks.
+// A level above BestConvertKernelLevel() is FailedPrecondition, saying what it needs; a value
+// outside the enum is InvalidArgument.
+StatusOr<ConvertKernel> GetConvertKernel(DType from, DType to, ConvertKernelLevel level);
 
 }  // namespace ferry

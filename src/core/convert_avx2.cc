@@ -1,0 +1,123 @@
+// The AVX2 level's kernels: 8 elements per block, f16 through F16C, bf16 with integer rounding.
+// Compiled with -mavx2 -mf16c -mfma (CMakeLists.txt) and called only on CPUs that have them.
+
+#include "src/core/convert_simd.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/core/convert_simd_rows.h"
+
+namespace ferry::convert_internal {
+namespace {
+
+struct Avx2 {
+  static constexpr int64_t kLanes = 8;
+  using Lanes = __m256;
+
+  static Lanes LoadF32(const std::byte* src) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+  }
+
+  // VCVTPH2PS is exact and quiets a NaN keeping its payload, as F16BitsToF32 does.
+  static Lanes LoadF16(const std::byte* src) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  }
+
+  static Lanes LoadBF16(const std::byte* src) {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    const __m256i bits = _mm256_slli_epi32(wide, 16);
+    const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
+    const __m256i quiet = _mm256_and_si256(is_nan, _mm256_set1_epi32(0x00400000));
+    return _mm256_castsi256_ps(_mm256_or_si256(bits, quiet));
+  }
+
+  // Four doubles to four floats with one hardware rounding (what static_cast does).
+  static Lanes LoadF64(const std::byte* src) {
+    const __m128 low = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src)));
+    const __m128 high = _mm256_cvtpd_ps(_mm256_loadu_pd(reinterpret_cast<const double*>(src) + 4));
+    return _mm256_set_m128(high, low);
+  }
+
+  // F64ToF32RoundToOdd (convert.cc) on four doubles: the nearest float, stepped back toward zero
+  // when it rounded away, with the last bit set when anything was lost. NaN stays the nearest.
+  static __m128 RoundToOdd(__m256d value) {
+    const __m128 nearest = _mm256_cvtpd_ps(value);
+    const __m256d back = _mm256_cvtps_pd(nearest);
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    // Ordered and unequal: false for NaN, like `back != value && value == value`.
+    const __m256d inexact = _mm256_cmp_pd(back, value, _CMP_NEQ_OQ);
+    const __m256d away =
+        _mm256_cmp_pd(_mm256_andnot_pd(sign, back), _mm256_andnot_pd(sign, value), _CMP_GT_OQ);
+    // The masks have 64-bit lanes; their low halves are the 32-bit masks.
+    const __m256i low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    const __m128i inexact32 = _mm256_castsi256_si128(
+        _mm256_permutevar8x32_epi32(_mm256_castpd_si256(inexact), low_halves));
+    const __m128i away32 =
+        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(away), low_halves));
+    __m128i bits = _mm_castps_si128(nearest);
+    bits = _mm_add_epi32(bits, away32);  // minus one where it rounded away
+    bits = _mm_or_si128(bits, _mm_and_si128(inexact32, _mm_set1_epi32(1)));
+    return _mm_castsi128_ps(bits);
+  }
+
+  static Lanes LoadF64RoundToOdd(const std::byte* src) {
+    const __m128 low = RoundToOdd(_mm256_loadu_pd(reinterpret_cast<const double*>(src)));
+    const __m128 high = RoundToOdd(_mm256_loadu_pd(reinterpret_cast<const double*>(src) + 4));
+    return _mm256_set_m128(high, low);
+  }
+
+  static void StoreF32(std::byte* dst, Lanes lanes) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst), lanes);
+  }
+
+  // VCVTPS2PH rounds to nearest even by its immediate (whatever MXCSR says), keeps subnormal
+  // results, and turns a NaN into sign | 0x7E00 | the top payload bits: F32ToF16Bits exactly.
+  static void StoreF16(std::byte* dst, Lanes lanes) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm256_cvtps_ph(lanes, _MM_FROUND_TO_NEAREST_INT));
+  }
+
+  // F32ToBF16Bits on eight lanes: (u + 0x7FFF + ((u >> 16) & 1)) >> 16, NaN (u >> 16) | 0x40.
+  static void StoreBF16(std::byte* dst, Lanes lanes) {
+    const __m256i bits = _mm256_castps_si256(lanes);
+    const __m256i high = _mm256_srli_epi32(bits, 16);
+    const __m256i odd = _mm256_and_si256(high, _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), odd), 16);
+    const __m256i nan = _mm256_or_si256(high, _mm256_set1_epi32(0x0040));
+    const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i is_nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F800000));
+    const __m256i result = _mm256_blendv_epi8(rounded, nan, is_nan);
+    // Every lane holds a value below 2^16, so the saturating pack keeps it.
+    const __m128i packed =
+        _mm_packus_epi32(_mm256_castsi256_si128(result), _mm256_extracti128_si256(result, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), packed);
+  }
+
+  static void StoreF64(std::byte* dst, Lanes lanes) {
+    double* out = reinterpret_cast<double*>(dst);
+    _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(lanes)));
+    _mm256_storeu_pd(out + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(lanes, 1)));
+  }
+};
+
+}  // namespace
+
+SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to) { return KernelFor<Avx2>(from, to); }
+
+}  // namespace ferry::convert_internal
+
+#else  // not x86-64
+
+namespace ferry::convert_internal {
+SimdRowKernel Avx2RowKernel(SimdFloat, SimdFloat) { return nullptr; }
+}  // namespace ferry::convert_internal
+
+#endif

@@ -1,0 +1,31 @@
+// The vectorised conversion kernels behind GetConvertKernel's levels
+// (include/ferry/core/convert.h). Each level's kernels live in their own file, compiled with that
+// level's instruction-set flags; GetConvertKernel (convert.cc) calls into a file only after
+// checking that the CPU has its level.
+//
+// This header includes no ferry or abseil header on purpose: the per-level files are compiled
+// with -mavx2 or -mavx512f, and any code they contain, static initialisers and inline functions
+// of included headers too, may use those instructions. Keeping them to intrinsics and <cstring>
+// keeps such code out of them (see also convert_simd_rows.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry::convert_internal {
+
+// The float formats the vector kernels convert between.
+enum class SimdFloat { kF16, kBF16, kF32, kF64 };
+
+// The same function type as ferry::ConvertKernel, with the same contract.
+using SimdRowKernel = void (*)(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
+                               int64_t dst_stride_bytes, int64_t count);
+
+// The level's kernel converting `from` to `to` (different formats), or nullptr when `from == to`.
+// Dense rows run in vector registers; strided rows are gathered into a small dense buffer,
+// converted, and scattered. On other architectures than x86-64 both return nullptr. Call only
+// when BestConvertKernelLevel() reaches the level: the kernels use its instructions.
+SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to);
+SimdRowKernel Avx512RowKernel(SimdFloat from, SimdFloat to);
+
+}  // namespace ferry::convert_internal

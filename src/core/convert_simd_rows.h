@@ -1,0 +1,160 @@
+// The row loops shared by the vectorised kernel levels (convert_avx2.cc, convert_avx512.cc). A
+// level's file defines an `Isa` struct converting one block of `Isa::kLanes` elements between
+// memory and f32 lanes, then includes this file, which turns it into dense and strided row kernels
+// for the twelve pairs among f16, bf16, f32 and f64.
+//
+// Everything here has internal linkage on purpose: the two files are compiled with different
+// instruction-set flags, and an inline function with external linkage compiled in both would be
+// merged by the linker into one copy, possibly the AVX-512 one, which the AVX2 level would then run
+// on a CPU without AVX-512. For the same reason these files use no standard-library templates
+// that could be emitted out of line (std::min, containers) and include no ferry or abseil header
+// (convert_simd.h): only memcpy and intrinsics.
+//
+// An Isa provides, with `Lanes` holding kLanes f32 values:
+//   static Lanes LoadF16(const std::byte*), LoadBF16, LoadF32  -- exact, NaNs made quiet
+//   static Lanes LoadF64(const std::byte*)            -- f64 rounded to nearest even (f64 -> f32)
+//   static Lanes LoadF64RoundToOdd(const std::byte*)  -- f64 rounded to odd (f64 -> f16/bf16)
+//   static void StoreF16(std::byte*, Lanes), StoreBF16, StoreF32, StoreF64
+// Each of them must give exactly what the scalar reference in convert.cc gives, lane by lane.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "src/core/convert_simd.h"
+
+namespace ferry::convert_internal {
+namespace {
+
+template <SimdFloat F>
+constexpr int64_t kFloatSize = F == SimdFloat::kF64   ? 8
+                               : F == SimdFloat::kF32 ? 4
+                                                      : 2;
+
+template <typename Isa, SimdFloat From, SimdFloat To>
+inline typename Isa::Lanes LoadLanes(const std::byte* src) {
+  if constexpr (From == SimdFloat::kF16) {
+    return Isa::LoadF16(src);
+  } else if constexpr (From == SimdFloat::kBF16) {
+    return Isa::LoadBF16(src);
+  } else if constexpr (From == SimdFloat::kF32) {
+    return Isa::LoadF32(src);
+  } else if constexpr (To == SimdFloat::kF32) {
+    return Isa::LoadF64(src);
+  } else {
+    // To a 16-bit format: rounding to odd first keeps the one rounding to nearest even exact,
+    // as in the scalar F64ToBF16Bits and F64ToF16Bits.
+    return Isa::LoadF64RoundToOdd(src);
+  }
+}
+
+template <typename Isa, SimdFloat To>
+inline void StoreLanes(std::byte* dst, typename Isa::Lanes lanes) {
+  if constexpr (To == SimdFloat::kF16) {
+    Isa::StoreF16(dst, lanes);
+  } else if constexpr (To == SimdFloat::kBF16) {
+    Isa::StoreBF16(dst, lanes);
+  } else if constexpr (To == SimdFloat::kF32) {
+    Isa::StoreF32(dst, lanes);
+  } else {
+    Isa::StoreF64(dst, lanes);
+  }
+}
+
+template <typename Isa, SimdFloat From, SimdFloat To>
+inline void ConvertBlock(const std::byte* src, std::byte* dst) {
+  StoreLanes<Isa, To>(dst, LoadLanes<Isa, From, To>(src));
+}
+
+// `count` elements, both sides dense. Whole blocks in place; the last partial block through local
+// buffers, so that every element takes the same vector path.
+template <typename Isa, SimdFloat From, SimdFloat To>
+void ConvertDense(const std::byte* src, std::byte* dst, int64_t count) {
+  constexpr int64_t kLanes = Isa::kLanes;
+  constexpr int64_t kSourceSize = kFloatSize<From>;
+  constexpr int64_t kTargetSize = kFloatSize<To>;
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    ConvertBlock<Isa, From, To>(src + i * kSourceSize, dst + i * kTargetSize);
+  }
+  if (i < count) {
+    const auto rest = static_cast<size_t>(count - i);
+    alignas(64) std::byte source[kLanes * kSourceSize] = {};  // zeros in the unused lanes
+    alignas(64) std::byte target[kLanes * kTargetSize];
+    std::memcpy(source, src + i * kSourceSize, rest * kSourceSize);
+    ConvertBlock<Isa, From, To>(source, target);
+    std::memcpy(dst + i * kTargetSize, target, rest * kTargetSize);
+  }
+}
+
+// The ConvertKernel contract (convert.h): any strides; a count <= 0 touches nothing.
+template <typename Isa, SimdFloat From, SimdFloat To>
+void ConvertRow(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
+                int64_t dst_stride_bytes, int64_t count) {
+  constexpr int64_t kSourceSize = kFloatSize<From>;
+  constexpr int64_t kTargetSize = kFloatSize<To>;
+  if (count <= 0) return;
+  if (src_stride_bytes == kSourceSize && dst_stride_bytes == kTargetSize) {
+    ConvertDense<Isa, From, To>(src, dst, count);
+    return;
+  }
+  // Strided: gather a batch into a dense buffer, convert it, scatter the results in order (so
+  // that with a zero destination stride the last element still wins).
+  constexpr int64_t kBatch = 4 * Isa::kLanes;
+  alignas(64) std::byte source[kBatch * kSourceSize];
+  alignas(64) std::byte target[kBatch * kTargetSize];
+  for (int64_t begin = 0; begin < count; begin += kBatch) {
+    const int64_t size = count - begin < kBatch ? count - begin : kBatch;
+    for (int64_t j = 0; j < size; ++j) {
+      std::memcpy(source + j * kSourceSize, src + (begin + j) * src_stride_bytes, kSourceSize);
+    }
+    ConvertDense<Isa, From, To>(source, target, size);
+    for (int64_t j = 0; j < size; ++j) {
+      std::memcpy(dst + (begin + j) * dst_stride_bytes, target + j * kTargetSize, kTargetSize);
+    }
+  }
+}
+
+template <typename Isa, SimdFloat From, SimdFloat To>
+constexpr SimdRowKernel RowKernel() {
+  if constexpr (From == To) {
+    return nullptr;  // same-dtype copies are not conversions
+  } else {
+    return &ConvertRow<Isa, From, To>;
+  }
+}
+
+template <typename Isa, SimdFloat From>
+SimdRowKernel RowKernelTo(SimdFloat to) {
+  switch (to) {
+    case SimdFloat::kF16:
+      return RowKernel<Isa, From, SimdFloat::kF16>();
+    case SimdFloat::kBF16:
+      return RowKernel<Isa, From, SimdFloat::kBF16>();
+    case SimdFloat::kF32:
+      return RowKernel<Isa, From, SimdFloat::kF32>();
+    case SimdFloat::kF64:
+      return RowKernel<Isa, From, SimdFloat::kF64>();
+  }
+  return nullptr;
+}
+
+// The Isa's kernel for a pair among f16, bf16, f32 and f64; nullptr for the same format twice.
+template <typename Isa>
+SimdRowKernel KernelFor(SimdFloat from, SimdFloat to) {
+  switch (from) {
+    case SimdFloat::kF16:
+      return RowKernelTo<Isa, SimdFloat::kF16>(to);
+    case SimdFloat::kBF16:
+      return RowKernelTo<Isa, SimdFloat::kBF16>(to);
+    case SimdFloat::kF32:
+      return RowKernelTo<Isa, SimdFloat::kF32>(to);
+    case SimdFloat::kF64:
+      return RowKernelTo<Isa, SimdFloat::kF64>(to);
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace ferry::convert_internal
