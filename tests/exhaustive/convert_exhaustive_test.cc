@@ -1,9 +1,10 @@
 // Every f32 bit pattern through f32 -> bf16 and f32 -> f16, and every 16-bit pattern back to f32,
-// both through the scalar functions and through the kernels from GetConvertKernel, against a
+// both through the scalar functions and through the kernels of every kernel level this CPU has
+// (GetConvertKernel(from, to, level); the others are skipped with the reason), against a
 // reference written here: it decodes the candidate 16-bit values with ldexp and picks the nearer
 // one by comparing distances in double (exact for these operands), ties to the even one.
 //
-// About 2 x 2^32 conversions per format; the work is split over the available cores.
+// About 2 x 2^32 conversions per format and level; the work is split over the available cores.
 
 #include <algorithm>
 #include <atomic>
@@ -105,10 +106,11 @@ void RunInParallel(uint32_t num_blocks, const Work& work) {
 }
 
 // Checks every f32 pattern through the scalar function and the kernel for one 16-bit format.
-void CheckEveryF32Pattern(DType target, int mantissa_bits, uint16_t (*scalar)(float)) {
+void CheckEveryF32Pattern(DType target, int mantissa_bits, uint16_t (*scalar)(float),
+                          ConvertKernelLevel level) {
   const auto start = std::chrono::steady_clock::now();
   const std::vector<double> values = PositiveValues(15 - mantissa_bits, mantissa_bits);
-  StatusOr<ConvertKernel> kernel = GetConvertKernel(DType::kF32, target);
+  StatusOr<ConvertKernel> kernel = GetConvertKernel(DType::kF32, target, level);
   ASSERT_TRUE(kernel.ok()) << kernel.status();
   Mismatches mismatches;
   std::atomic<int64_t> checked{0};
@@ -171,30 +173,41 @@ void CheckEveryF32Pattern(DType target, int mantissa_bits, uint16_t (*scalar)(fl
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << "float32 -> " << DTypeName(target) << ": " << checked.load() << " patterns in "
-            << seconds << " s\n";
+  std::cout << "float32 -> " << DTypeName(target) << " (" << ConvertKernelLevelName(level)
+            << " kernel): " << checked.load() << " patterns in " << seconds << " s\n";
   EXPECT_EQ(checked.load(), int64_t{1} << 32);
   EXPECT_EQ(mismatches.count, 0);
   for (const std::string& example : mismatches.examples) ADD_FAILURE() << example;
 }
 
-TEST(ConvertExhaustiveTest, F32ToBF16MatchesNearestEvenForEveryPattern) {
-  CheckEveryF32Pattern(DType::kBF16, 7, &F32ToBF16Bits);
+// Parameterised by the kernel level; a level this CPU lacks is skipped, saying why.
+class ConvertExhaustiveLevelTest : public testing::TestWithParam<ConvertKernelLevel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > BestConvertKernelLevel()) {
+      GTEST_SKIP() << GetConvertKernel(DType::kF32, DType::kF16, GetParam()).status().message();
+    }
+  }
+};
+
+TEST_P(ConvertExhaustiveLevelTest, F32ToBF16MatchesNearestEvenForEveryPattern) {
+  CheckEveryF32Pattern(DType::kBF16, 7, &F32ToBF16Bits, GetParam());
 }
 
-TEST(ConvertExhaustiveTest, F32ToF16MatchesNearestEvenForEveryPattern) {
-  CheckEveryF32Pattern(DType::kF16, 10, &F32ToF16Bits);
+TEST_P(ConvertExhaustiveLevelTest, F32ToF16MatchesNearestEvenForEveryPattern) {
+  CheckEveryF32Pattern(DType::kF16, 10, &F32ToF16Bits, GetParam());
 }
 
 // Every 16-bit pattern to f32 (and f64 through the kernel): exact, NaNs quiet with their payload.
-void CheckEverySixteenBitPattern(DType source, int mantissa_bits, float (*scalar)(uint16_t)) {
+void CheckEverySixteenBitPattern(DType source, int mantissa_bits, float (*scalar)(uint16_t),
+                                 ConvertKernelLevel level) {
   const int exponent_bits = 15 - mantissa_bits;
   std::vector<uint16_t> input(1 << 16);
   for (uint32_t bits = 0; bits < input.size(); ++bits) input[bits] = static_cast<uint16_t>(bits);
   std::vector<float> to_f32(input.size());
   std::vector<double> to_f64(input.size());
-  StatusOr<ConvertKernel> f32_kernel = GetConvertKernel(source, DType::kF32);
-  StatusOr<ConvertKernel> f64_kernel = GetConvertKernel(source, DType::kF64);
+  StatusOr<ConvertKernel> f32_kernel = GetConvertKernel(source, DType::kF32, level);
+  StatusOr<ConvertKernel> f64_kernel = GetConvertKernel(source, DType::kF64, level);
   ASSERT_TRUE(f32_kernel.ok() && f64_kernel.ok());
   (*f32_kernel)(reinterpret_cast<const std::byte*>(input.data()), 2,
                 reinterpret_cast<std::byte*>(to_f32.data()), 4, 1 << 16);
@@ -235,13 +248,20 @@ void CheckEverySixteenBitPattern(DType source, int mantissa_bits, float (*scalar
   EXPECT_EQ(failures, 0);
 }
 
-TEST(ConvertExhaustiveTest, F16ToF32IsExactForEveryPattern) {
-  CheckEverySixteenBitPattern(DType::kF16, 10, &F16BitsToF32);
+TEST_P(ConvertExhaustiveLevelTest, F16ToF32IsExactForEveryPattern) {
+  CheckEverySixteenBitPattern(DType::kF16, 10, &F16BitsToF32, GetParam());
 }
 
-TEST(ConvertExhaustiveTest, BF16ToF32IsExactForEveryPattern) {
-  CheckEverySixteenBitPattern(DType::kBF16, 7, &BF16BitsToF32);
+TEST_P(ConvertExhaustiveLevelTest, BF16ToF32IsExactForEveryPattern) {
+  CheckEverySixteenBitPattern(DType::kBF16, 7, &BF16BitsToF32, GetParam());
 }
+
+INSTANTIATE_TEST_SUITE_P(Levels, ConvertExhaustiveLevelTest,
+                         testing::Values(ConvertKernelLevel::kPortable, ConvertKernelLevel::kAvx2,
+                                         ConvertKernelLevel::kAvx512),
+                         [](const testing::TestParamInfo<ConvertKernelLevel>& info) {
+                           return std::string(ConvertKernelLevelName(info.param));
+                         });
 
 // Widening then narrowing gives back every non-NaN pattern (NaNs come back quiet).
 TEST(ConvertExhaustiveTest, SixteenBitToF32AndBackIsTheIdentity) {
