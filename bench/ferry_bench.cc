@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "bench_case.h"
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/host_view.h"
@@ -36,6 +37,7 @@
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/tensor_source.h"
 #include "ferry/runtime/transfer.h"
+#include "file_put_cases.h"
 #include "fmt/format.h"
 #include "heap_accounting.h"
 #include "nlohmann/json.hpp"
@@ -46,9 +48,6 @@ namespace ferry::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Json = nlohmann::ordered_json;
-
-constexpr int64_t kMiB = int64_t{1} << 20;
 
 // --- utilities ---------------------------------------------------------------------------------
 
@@ -151,55 +150,6 @@ class OtherCpuMeter {
 };
 
 // --- cases -------------------------------------------------------------------------------------
-
-struct PreparedCase {
-  int64_t bytes = 0;    // read from the source (host memory for h2d, device memory for d2h)
-  int64_t tensors = 1;  // tensors moved per run
-  std::unique_ptr<Path> ferry;
-  // The old path; null for raw_clwrite, which has none (its result is checked against the source
-  // instead).
-  std::unique_ptr<Path> staged;
-  // h2d without conversion: the sources, to spot-check the device data against the source read
-  // through its own strides (independently of ferry's copy kernels).
-  std::vector<std::shared_ptr<const TensorSource>> unconverted_sources;
-  // The devices whose memory the runs use (every mesh device for the sharded cases); empty: the
-  // context's device.
-  std::vector<Device*> devices;
-  // Set when the case cannot run on this backend: it is reported as skipped, not failed.
-  std::optional<std::string> skip_reason;
-  // Whether the case gets vs_raw_clwrite when raw_clwrite ran before it (h2d dense and converts).
-  bool compare_to_raw_clwrite = false;
-  Json details = Json::object();
-};
-
-PreparedCase Skipped(std::string reason) {
-  PreparedCase prepared;
-  prepared.skip_reason = std::move(reason);
-  return prepared;
-}
-
-// The sharded cases' mesh: 2x2 devices.
-constexpr int kMeshDevices = 4;
-
-struct CaseContext {
-  Device* device;
-  double scale;
-  // The first kMeshDevices devices of the backend, for the sharded cases; empty when it has
-  // fewer, and then `mesh_unavailable` says why.
-  std::vector<Device*> mesh_devices;
-  std::string mesh_unavailable;
-};
-
-struct CaseDefinition {
-  const char* name;
-  const char* description;
-  std::function<StatusOr<PreparedCase>(const CaseContext&)> prepare;
-};
-
-int64_t ScaledCount(int64_t full, double scale, int64_t multiple_of = 1) {
-  const auto scaled = static_cast<int64_t>(std::llround(static_cast<double>(full) * scale));
-  return std::max(multiple_of, scaled / multiple_of * multiple_of);
-}
 
 std::vector<int64_t> DimsOf(const Dims& dims) { return {dims.begin(), dims.end()}; }
 
@@ -448,6 +398,11 @@ std::vector<CaseDefinition> AllCases() {
        [](const CaseContext& c) { return PrepareD2H(c, 64 * kMiB, DType::kBF16, "d2h_bf16"); }},
       {"d2h_sharded_4_assemble", "8192x8192 f32 on a 2x2 mesh read back whole (AssembleShards)",
        PrepareD2HShardedAssemble},
+      {"file_put_safetensors",
+       "1 GiB sample checkpoint (f32, i64) in a warm safetensors file: open, put every tensor",
+       [](const CaseContext& c) { return PrepareFilePutSafetensors(c, DType::kF32); }},
+      {"file_put_safetensors_bf16", "the same sample stored as bf16: open, put every tensor",
+       [](const CaseContext& c) { return PrepareFilePutSafetensors(c, DType::kBF16); }},
   };
 }
 
@@ -456,6 +411,11 @@ std::vector<CaseDefinition> AllCases() {
 struct Sample {
   double seconds = 0;
   int64_t peak_extra_bytes = 0;
+  // The part of peak_extra_bytes still allocated when the run returned: heap growth beyond the
+  // devices' own count of their buffers and the returned tensors. On the host device that is
+  // mostly malloc_usable_size() slack of its 2 MiB-aligned buffers (glibc maps each large aligned
+  // block with up to 2 MiB of untouched padding, about 1.9 MiB per buffer of 2 MiB or more).
+  int64_t retained_extra_bytes = 0;
 };
 
 int64_t DeviceBytesInUse(absl::Span<Device* const> devices) {
@@ -485,9 +445,12 @@ StatusOr<Sample> MeasureOnce(Path& path, absl::Span<Device* const> device) {
   Sample sample;
   sample.seconds = std::chrono::duration<double>(stop - start).count();
   const int64_t peak = PeakHeapBytes();
+  const int64_t heap_after = LiveHeapBytes();
   const int64_t device_added = DeviceBytesInUse(device) - device_before;
   sample.peak_extra_bytes =
       std::max<int64_t>(0, peak - heap_before - device_added - path.ResultHostBytes());
+  sample.retained_extra_bytes = std::clamp<int64_t>(
+      heap_after - heap_before - device_added - path.ResultHostBytes(), 0, sample.peak_extra_bytes);
   path.Release();
   WaitForDeviceBytes(device, device_before);
   if (!status.ok()) return status;
@@ -601,7 +564,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     skipped.skipped = true;
     skipped.json["case"] = definition.name;
     skipped.json["skipped"] = *prepared.skip_reason;
-    skipped.row = fmt::format("{:<22} skipped: {}", definition.name, *prepared.skip_reason);
+    skipped.row = fmt::format("{:<25} skipped: {}", definition.name, *prepared.skip_reason);
     return skipped;
   }
   if (prepared.devices.empty()) prepared.devices = {context.device};
@@ -618,7 +581,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes);  // warm-up
 
   std::vector<double> memcpy_seconds, memcpy_fresh_seconds, ferry_seconds, staged_seconds;
-  int64_t ferry_peak = 0, staged_peak = 0;
+  int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
   for (int run = 0; run < repeats; ++run) {
     memcpy_seconds.push_back(
         MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
@@ -637,6 +600,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   ReleaseCachedHostMemory();
   FERRY_ASSIGN_OR_RETURN(Sample ferry_accounted, MeasureOnce(*prepared.ferry, prepared.devices));
   ferry_peak = ferry_accounted.peak_extra_bytes;
+  ferry_retained = ferry_accounted.retained_extra_bytes;
   if (prepared.staged != nullptr) {
     ReleaseCachedHostMemory();
     FERRY_ASSIGN_OR_RETURN(Sample staged_accounted,
@@ -659,6 +623,8 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["vs_memcpy"] = memcpy_median / seconds;
   json["vs_staged"] = has_staged ? Json(staged_median / seconds) : Json(nullptr);
   json["peak_extra_bytes"] = HeapAccountingEnabled() ? Json(ferry_peak) : Json(nullptr);
+  json["peak_extra_retained_bytes"] =
+      HeapAccountingEnabled() ? Json(ferry_retained) : Json(nullptr);
   json["staged_peak_extra_bytes"] =
       HeapAccountingEnabled() && has_staged ? Json(staged_peak) : Json(nullptr);
   json["memcpy_seconds_median"] = memcpy_median;
@@ -667,9 +633,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["staged_seconds_median"] = has_staged ? Json(staged_median) : Json(nullptr);
   json["tensors"] = prepared.tensors;
   std::string notes;
-  auto add_note = [&notes](const std::string& note) {
-    notes += (notes.empty() ? "" : "; ") + note;
-  };
+  auto add_note = [&notes](const std::string& note) { AddNote(notes, note); };
   if (prepared.tensors > 1 && prepared.devices.size() == 1) {
     const double tensors_per_second = static_cast<double>(prepared.tensors) / seconds;
     json["tensors_per_second"] = tensors_per_second;
@@ -682,7 +646,11 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     json["vs_raw_clwrite"] = vs_raw;
     add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
   }
-  if (!has_staged) add_note("no staged path: the runtime's own ceiling");
+  if (!has_staged) add_note(prepared.no_staged_note);
+  if (HeapAccountingEnabled() && ferry_retained > 4 * kMiB) {
+    add_note(fmt::format("peak extra: {} still allocated after the run (allocator slack)",
+                         FormatBytes(static_cast<double>(ferry_retained))));
+  }
   if (const std::optional<double> busy = other_cpu.OtherBusyPercent()) {
     json["other_cpu_percent"] = *busy;
     if (*busy > 10) add_note(fmt::format("other processes used {:.0f}% of the CPUs", *busy));
@@ -692,6 +660,11 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["memcpy_seconds_all"] = memcpy_seconds;
   json["staged_seconds_all"] = staged_seconds;
   for (auto& [key, value] : prepared.details.items()) json[key] = value;
+  if (prepared.after_timing) {
+    memcpy_source.reset();  // the yardstick's memory is not needed by what runs next
+    memcpy_destination.reset();
+    prepared.after_timing(json, notes);
+  }
 
   const std::string vs_staged =
       has_staged ? fmt::format("{:.2f}x", staged_median / seconds) : std::string("-");
@@ -701,7 +674,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
         HeapAccountingEnabled() ? FormatBytes(static_cast<double>(staged_peak)) : "n/a";
   }
   result.row =
-      fmt::format("{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>10} {:>11} {:>11}  {}",
+      fmt::format("{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>10} {:>11} {:>11}  {}",
                   definition.name, FormatBytes(static_cast<double>(prepared.bytes)),
                   FormatSeconds(seconds), gbps, memcpy_median / seconds, vs_staged,
                   HeapAccountingEnabled() ? FormatBytes(static_cast<double>(ferry_peak)) : "n/a",
@@ -743,12 +716,12 @@ Json DescribeMachine() {
 
 // --- main --------------------------------------------------------------------------------------
 
-// Runs bench/py_bench.py with `python` and returns its result rows.
-StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repeats,
-                              const std::string& device) {
+}  // namespace
+
+StatusOr<Json> RunPythonScript(const std::string& python, const std::string& script,
+                               const std::string& arguments) {
   const std::string command =
-      fmt::format("'{}' '{}/bench/py_bench.py' --size {} --repeats {} --device '{}'", python,
-                  FERRY_SOURCE_DIR, scale, repeats, device);
+      fmt::format("'{}' '{}/bench/{}' {}", python, FERRY_SOURCE_DIR, script, arguments);
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return InternalError(fmt::format("cannot run {}", command));
   std::string output;
@@ -765,19 +738,29 @@ StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repea
   return parsed["results"];
 }
 
+namespace {
+
+// Runs bench/py_bench.py with `python` and returns its result rows.
+StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repeats,
+                              const std::string& device) {
+  return RunPythonScript(
+      python, "py_bench.py",
+      fmt::format("--size {} --repeats {} --device '{}'", scale, repeats, device));
+}
+
 std::string FormatPythonRow(const Json& row) {
   const std::string name = row["case"].get<std::string>();
   const double seconds = row["seconds_median"].get<double>();
   if (name == "py_put_small") {
     return fmt::format(
-        "{:<22} {:>10} {:>10} {:>8.2f}  {:.0f} calls/s ({:.2f} us per call); batched list: {:.0f} "
+        "{:<25} {:>10} {:>10} {:>8.2f}  {:.0f} calls/s ({:.2f} us per call); batched list: {:.0f} "
         "tensors/s",
         name, FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
         row["gbps"].get<double>(), row["calls_per_second"].get<double>(),
         row["seconds_per_call"].get<double>() * 1e6,
         row["batched_tensors_per_second"].get<double>());
   }
-  return fmt::format("{:<22} {:>10} {:>10} {:>8.2f} {:>9.2f}x  {}", name,
+  return fmt::format("{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x  {}", name,
                      FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
                      row["gbps"].get<double>(), row["vs_memcpy"].get<double>(),
                      row.contains("vs_cpp_h2d_contiguous")
@@ -798,7 +781,9 @@ int RunBench(int argc, char** argv) {
   std::string python;
   app.add_option("--python", python,
                  "Also run the Python-layer cases (py_put_small, py_put_large; bench/py_bench.py) "
-                 "with this interpreter, which must have the ferry package installed");
+                 "with this interpreter, which must have the ferry package installed, and time "
+                 "the real loaders (safetensors, torch.load; bench/loader_peers.py) in the file "
+                 "cases");
   app.add_option("--case", case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
   app.add_option("--size", scale, "Multiply every case's size by this (e.g. 0.1 for a quick run)")
@@ -815,7 +800,7 @@ int RunBench(int argc, char** argv) {
   const std::vector<CaseDefinition> cases = AllCases();
   if (list) {
     for (const CaseDefinition& definition : cases) {
-      fmt::print("{:<22} {}\n", definition.name, definition.description);
+      fmt::print("{:<25} {}\n", definition.name, definition.description);
     }
     return 0;
   }
@@ -882,13 +867,13 @@ int RunBench(int argc, char** argv) {
         "may skew the times\n",
         machine["cpu_busy_percent_before"].get<double>());
   }
-  fmt::print("{:<22} {:>10} {:>10} {:>8} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
+  fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs staged", "peak extra", "staged peak", "notes");
   std::fflush(stdout);
 
   Json results = Json::array();
   int failures = 0;
-  CaseContext context{device, scale, {}, {}};
+  CaseContext context{device, scale, {}, {}, repeats, python};
   if (devices.size() >= static_cast<size_t>(kMeshDevices)) {
     context.mesh_devices.assign(devices.begin(), devices.begin() + kMeshDevices);
   } else {
@@ -901,7 +886,7 @@ int RunBench(int argc, char** argv) {
         RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte);
     if (!result.ok()) {
       ++failures;
-      fmt::print("{:<22} FAILED: {}\n", definition->name, result.status().ToString());
+      fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());
       results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
     } else {
       fmt::print("{}\n", result->row);

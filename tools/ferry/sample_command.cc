@@ -1,10 +1,11 @@
 // `ferry sample FILE --size SIZE`: writes a realistic checkpoint (transformer-like shapes, mixed
 // dtypes, deterministic pseudo-random values) for demos and benchmarks.
-#include <cmath>
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "ferry/core/copy_convert.h"
+#include "bench/sample_checkpoint.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
@@ -19,75 +20,8 @@ struct SampleOptions {
   std::string size = "64MiB";
   std::string format;  // empty: from the extension
   int64_t hidden = 0;  // 0: chosen from the size
+  std::string dtype;   // empty: the usual mix; else every floating-point tensor in this dtype
 };
-
-struct PlannedTensor {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> dims;
-};
-
-int64_t BytesOf(const PlannedTensor& tensor) {
-  int64_t count = 1;
-  for (int64_t dim : tensor.dims) count *= dim;
-  return count * DTypeSize(tensor.dtype);
-}
-
-// A decoder-only transformer's tensors, layer after layer, until `target_bytes` is reached.
-std::vector<PlannedTensor> PlanCheckpoint(int64_t target_bytes, int64_t hidden) {
-  if (hidden == 0) {
-    hidden = 256;
-    while (hidden < 2048 && 12 * hidden * hidden * 2 * 8 < target_bytes) hidden *= 2;
-  }
-  const int64_t vocab = 4 * hidden;
-  std::vector<PlannedTensor> plan = {
-      {"model.embed_tokens.weight", DType::kBF16, {vocab, hidden}},
-      {"model.position_ids", DType::kS64, {1, 2048}},
-  };
-  int64_t total = BytesOf(plan[0]) + BytesOf(plan[1]);
-  for (int layer = 0; total < target_bytes; ++layer) {
-    const std::string prefix = fmt::format("model.layers.{}.", layer);
-    const std::vector<PlannedTensor> layer_tensors = {
-        {prefix + "input_layernorm.weight", DType::kF32, {hidden}},
-        {prefix + "self_attn.q_proj.weight", DType::kBF16, {hidden, hidden}},
-        {prefix + "self_attn.k_proj.weight", DType::kBF16, {hidden, hidden}},
-        {prefix + "self_attn.v_proj.weight", DType::kBF16, {hidden, hidden}},
-        {prefix + "self_attn.o_proj.weight", DType::kBF16, {hidden, hidden}},
-        {prefix + "self_attn.rotary_emb.inv_freq", DType::kF32, {hidden / 64}},
-        {prefix + "post_attention_layernorm.weight", DType::kF32, {hidden}},
-        {prefix + "mlp.gate_proj.weight", DType::kF16, {4 * hidden, hidden}},
-        {prefix + "mlp.up_proj.weight", DType::kBF16, {4 * hidden, hidden}},
-        {prefix + "mlp.down_proj.weight", DType::kBF16, {hidden, 4 * hidden}},
-    };
-    for (const PlannedTensor& tensor : layer_tensors) {
-      total += BytesOf(tensor);
-      plan.push_back(tensor);
-    }
-  }
-  plan.push_back({"model.norm.weight", DType::kF32, {hidden}});
-  plan.push_back({"lm_head.weight", DType::kF32, {vocab / 4, hidden}});
-  return plan;
-}
-
-// Values like trained weights: small, centred, deterministic per tensor.
-StatusOr<HostTensor> Fill(const PlannedTensor& planned, uint64_t seed) {
-  FERRY_ASSIGN_OR_RETURN(HostTensor as_f32, HostTensor::Allocate(DType::kF32, planned.dims));
-  auto* values = reinterpret_cast<float*>(as_f32.data());
-  const int64_t count = as_f32.size_bytes() / 4;
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i = 0; i < count; ++i) {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    const double uniform = static_cast<double>(state >> 11) * 0x1.0p-53;
-    values[i] = planned.dtype == DType::kS64 ? static_cast<float>(i % 2048)
-                                             : static_cast<float>((uniform - 0.5) * 0.08);
-  }
-  if (planned.dtype == DType::kF32) return as_f32;
-  FERRY_ASSIGN_OR_RETURN(HostTensor converted, HostTensor::Allocate(planned.dtype, planned.dims));
-  FERRY_RETURN_IF_ERROR(CopyConvert(as_f32.view(), converted.mutable_view()));
-  return converted;
-}
 
 int RunSample(const SampleOptions& options) {
   constexpr std::string_view kCommand = "sample";
@@ -102,14 +36,22 @@ int RunSample(const SampleOptions& options) {
     return ReportError(kCommand, InvalidArgumentError(fmt::format(
                                      "format must be safetensors, npy or npz, not '{}'", format)));
   }
-  std::vector<PlannedTensor> plan;
+  std::optional<DType> float_dtype;
+  if (!options.dtype.empty()) {
+    auto dtype = DTypeFromName(options.dtype);
+    if (!dtype.ok()) return ReportError(kCommand, dtype.status());
+    float_dtype = *dtype;
+  }
+  std::vector<bench::SampleTensor> plan;
   if (format == "npy") {  // one tensor: a weight matrix of about the requested size
     const int64_t columns = 4096;
-    plan.push_back({"weight", DType::kF32, {std::max<int64_t>(1, *target / 4 / columns), columns}});
+    const DType dtype = float_dtype.value_or(DType::kF32);
+    plan.push_back(
+        {"weight", dtype, {std::max<int64_t>(1, *target / DTypeSize(dtype) / columns), columns}});
   } else {
-    plan = PlanCheckpoint(*target, options.hidden);
+    plan = bench::PlanSampleCheckpoint(*target, options.hidden, float_dtype);
     if (format == "npz") {  // numpy has no bfloat16: .npz checkpoints keep it as float16
-      for (PlannedTensor& tensor : plan) {
+      for (bench::SampleTensor& tensor : plan) {
         if (tensor.dtype == DType::kBF16) tensor.dtype = DType::kF16;
       }
     }
@@ -119,11 +61,11 @@ int RunSample(const SampleOptions& options) {
   int64_t total = 0;
   ProgressBar progress("sample", [&] {
     int64_t bytes = 0;
-    for (const auto& tensor : plan) bytes += BytesOf(tensor);
+    for (const auto& tensor : plan) bytes += bench::SampleTensorBytes(tensor);
     return bytes;
   }());
   for (size_t i = 0; i < plan.size(); ++i) {
-    auto tensor = Fill(plan[i], i + 1);
+    auto tensor = bench::FillSampleTensor(plan[i], i + 1);
     if (!tensor.ok()) return ReportError(kCommand, tensor.status());
     total += tensor->size_bytes();
     progress.Update(total);
@@ -155,6 +97,9 @@ CommandRunner AddSampleCommand(CLI::App& app) {
                       "safetensors | npy | npz (default: from the file's extension)");
   command->add_option("--hidden", options->hidden, "Hidden size (default: chosen from --size)")
       ->check(CLI::NonNegativeNumber);
+  command->add_option("--dtype", options->dtype,
+                      "Store every floating-point tensor as this dtype (e.g. float32, bfloat16; "
+                      "default: the usual bf16/f16/f32 mix)");
   return [options] { return RunSample(*options); };
 }
 
