@@ -479,6 +479,8 @@ def open_file(path: str | os.PathLike) -> TensorFile:
     entries = []
     for name, data, dtype_name, zero_copy, byte_swapped in raw:
         logical = _NUMPY_DTYPES[dtype_name]
+        if byte_swapped:  # big-endian data, viewed as it lies in the file (still zero-copy)
+            logical = logical.newbyteorder(">")
         entries.append((name, data if data.dtype == logical else data.view(logical), zero_copy,
                         byte_swapped))
     return TensorFile(path, format_name, metadata, entries)

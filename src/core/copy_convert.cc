@@ -1,10 +1,12 @@
 #include "ferry/core/copy_convert.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/byte_swap.h"
 
 namespace ferry {
 
@@ -16,6 +18,9 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   if (src.byte_strides.size() != src.dims.size() || dst.byte_strides.size() != dst.dims.size()) {
     return InvalidArgumentError("copy-convert: every dim needs a byte stride");
   }
+  if (!dst.IsNativeByteOrder()) {
+    return InvalidArgumentError("copy-convert: the destination must be in the host's byte order");
+  }
   FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel, GetConvertKernel(src.dtype, dst.dtype));
 
   CopyConvertPlan plan;
@@ -25,6 +30,7 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   plan.dst_dtype_ = dst.dtype;
   plan.kernel_ = kernel;
   plan.num_elements_ = src.num_elements();
+  if (!src.IsNativeByteOrder()) plan.swap_unit_ = ByteSwapUnit(src.dtype);
 
   // Drop size-1 dims (their strides never matter), then merge each dim into its inner neighbour
   // when both views step over it exactly as if the two were one dim.
@@ -60,7 +66,7 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
     }
   }
   plan.is_contiguous_ = plan.dims_.size() == 1 && plan.src_strides_[0] == DTypeSize(src.dtype) &&
-                        plan.dst_strides_[0] == DTypeSize(dst.dtype);
+                        plan.dst_strides_[0] == DTypeSize(dst.dtype) && plan.swap_unit_ == 1;
   return plan;
 }
 
@@ -108,7 +114,7 @@ void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
       continue;
     }
     const int64_t count = std::min(row - column, remaining);
-    kernel_(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
+    CopyRun(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
             dst_step, count);
     remaining -= count;
     if (remaining == 0) return;
@@ -131,9 +137,35 @@ void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
   for (int64_t column = 0; column < row; column += kTileColumns) {
     const int64_t count = std::min(kTileColumns, row - column);
     for (int64_t i = 0; i < tile_rows_; ++i) {
-      kernel_(src_ + src_offset + i * src_row_step + column * src_step, src_step,
+      CopyRun(src_ + src_offset + i * src_row_step + column * src_step, src_step,
               dst_ + dst_offset + i * dst_row_step + column * dst_step, dst_step, count);
     }
+  }
+}
+
+void CopyConvertPlan::CopyRun(const std::byte* src, int64_t src_step, std::byte* dst,
+                              int64_t dst_step, int64_t count) const {
+  if (swap_unit_ == 1) {
+    kernel_(src, src_step, dst, dst_step, count);
+    return;
+  }
+  // Reverse a block of elements into a buffer that stays in L1, then convert it from there.
+  constexpr int64_t kBlockBytes = 4096;
+  alignas(64) std::byte block[kBlockBytes];
+  const int64_t element_size = DTypeSize(src_dtype_);
+  const int64_t units_per_element = element_size / swap_unit_;
+  const int64_t block_elements = kBlockBytes / element_size;
+  for (int64_t done = 0; done < count; done += block_elements) {
+    const int64_t n = std::min(block_elements, count - done);
+    const std::byte* from = src + done * src_step;
+    if (src_step == element_size) {
+      ByteSwapCopy(from, block, n * units_per_element, swap_unit_);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        ByteSwapCopy(from + i * src_step, block + i * element_size, units_per_element, swap_unit_);
+      }
+    }
+    kernel_(block, element_size, dst + done * dst_step, dst_step, n);
   }
 }
 

@@ -134,8 +134,8 @@ Status BasicHostView<Pointer>::ValidateWithin(const void* region_begin, int64_t 
 
 template <typename Pointer>
 std::string BasicHostView<Pointer>::DebugString() const {
-  return fmt::format("{}[{}] byte_strides=[{}]", DTypeName(dtype), fmt::join(dims, ","),
-                     fmt::join(byte_strides, ","));
+  return fmt::format("{}[{}] byte_strides=[{}]{}", DTypeName(dtype), fmt::join(dims, ","),
+                     fmt::join(byte_strides, ","), IsNativeByteOrder() ? "" : " byte_swapped");
 }
 
 template struct BasicHostView<const void*>;

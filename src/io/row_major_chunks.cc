@@ -19,7 +19,7 @@ Status ForEachRowMajorChunk(const HostView& view, int64_t max_chunk_bytes,
   max_chunk_bytes = std::max(max_chunk_bytes / element_size, int64_t{1}) * element_size;
   const auto* base = static_cast<const std::byte*>(view.data);
 
-  if (view.IsRowMajorDense()) {
+  if (view.IsRowMajorDense() && view.IsNativeByteOrder()) {
     for (int64_t offset = 0; offset < total_bytes; offset += max_chunk_bytes) {
       FERRY_RETURN_IF_ERROR(
           consume(base + offset, std::min(max_chunk_bytes, total_bytes - offset)));

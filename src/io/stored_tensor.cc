@@ -2,10 +2,8 @@
 
 #include <utility>
 
-#include "ferry/core/host_tensor.h"
 #include "ferry/runtime/tensor_source.h"
 #include "fmt/format.h"
-#include "src/io/byte_swap.h"
 #include "src/io/file_error.h"
 
 namespace ferry::io_internal {
@@ -36,22 +34,10 @@ StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std:
 
   TensorFileEntry entry;
   entry.name = tensor.name;
-  const std::byte* data = tensor.data;
-  const int64_t swap_unit = ByteSwapUnit(tensor.dtype);
-  if (tensor.big_endian && swap_unit > 1) {
-    // The swapped copy keeps the file's element order (and so its strides).
-    auto buffer = HostTensor::Allocate(DType::kU8, {tensor.num_bytes});
-    if (!buffer.ok()) return WithContext(buffer.status(), TensorContext(file_name, tensor.name));
-    auto owned = std::make_shared<HostTensor>(std::move(buffer).value());
-    ByteSwapCopy(tensor.data, owned->data(), tensor.num_bytes / swap_unit, swap_unit);
-    data = owned->data();
-    region_begin = owned->data();
-    region_size = owned->size_bytes();
-    keep_alive = std::move(owned);
-    entry.byte_swapped = true;
-    zero_copy = false;
-  }
-  HostView view(data, tensor.dtype, tensor.dims, std::move(strides));
+  HostView view(tensor.data, tensor.dtype, tensor.dims, std::move(strides));
+  // Big-endian elements stay in the file as they are: the copy-convert reverses them as it reads.
+  view.byte_swapped = tensor.big_endian;
+  entry.byte_swapped = !view.IsNativeByteOrder();
   auto source = TensorSource::Borrow(view, region_begin, region_size, std::move(keep_alive),
                                      std::move(source_name));
   // The parsers checked the byte range already; a failure here is a bug, reported, not hidden.

@@ -33,8 +33,9 @@ struct StoredTensor {
 };
 
 // Makes the entry for `tensor`, whose bytes lie inside [region_begin, region_begin + region_size)
-// and stay valid while `keep_alive` lives. Little-endian data is borrowed (the source holds
-// `keep_alive`); big-endian data is swapped once into memory owned by the source. `zero_copy`
+// and stay valid while `keep_alive` lives. The data is borrowed (the source holds `keep_alive`),
+// big-endian data too: its view is marked byte_swapped and the copy-convert reverses the bytes
+// as it reads them. `zero_copy`
 // says whether the region is the mapped file itself (false for decompressed members), and
 // `file_offset` where the bytes lie in the file (-1 when they do not). `file_name` is used in
 // the source's name and in errors.

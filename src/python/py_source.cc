@@ -2,6 +2,8 @@
 
 #include <nanobind/ndarray.h>
 
+#include <bit>
+
 #include "fmt/format.h"
 #include "src/python/gil.h"
 
@@ -48,13 +50,14 @@ Status ApplyOverride(HostView& view, std::optional<DType> dtype_override, std::s
 
 }  // namespace
 
-StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize) {
+StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize, bool* big_endian) {
+  static_assert(std::endian::native == std::endian::little, "ferry assumes a little-endian host");
   std::string_view code = format;
+  if (big_endian != nullptr) *big_endian = false;
   if (!code.empty() && (code[0] == '@' || code[0] == '=' || code[0] == '<')) code.remove_prefix(1);
   if (!code.empty() && (code[0] == '>' || code[0] == '!')) {
-    return InvalidArgumentError(fmt::format(
-        "big-endian buffer format '{}' is not supported; convert with astype('<...') first",
-        format));
+    code.remove_prefix(1);
+    if (big_endian != nullptr) *big_endian = true;
   }
   DType dtype;
   if (code == "?")
@@ -106,12 +109,15 @@ StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object
     if (PyObject_GetBuffer(object.ptr(), &held->view, PyBUF_RECORDS_RO) == 0) {
       held->acquired = true;
       const Py_buffer& buffer = held->view;
-      FERRY_ASSIGN_OR_RETURN(
-          DType dtype, DTypeFromBufferFormat(buffer.format ? buffer.format : "B", buffer.itemsize));
+      bool big_endian = false;
+      FERRY_ASSIGN_OR_RETURN(DType dtype, DTypeFromBufferFormat(buffer.format ? buffer.format : "B",
+                                                                buffer.itemsize, &big_endian));
       Dims dims(buffer.shape, buffer.shape + buffer.ndim);
       Dims strides = buffer.strides ? Dims(buffer.strides, buffer.strides + buffer.ndim)
                                     : RowMajorByteStrides(dims, buffer.itemsize);
       HostView view(buffer.buf, dtype, std::move(dims), std::move(strides));
+      // Big-endian arrays are read as they are: the copy-convert swaps them on the way.
+      view.byte_swapped = big_endian;
       FERRY_RETURN_IF_ERROR(ApplyOverride(view, dtype_override, name));
       return BorrowFrom(std::move(view), MakeKeepAlive(std::move(held)), std::move(name));
     }

@@ -22,7 +22,10 @@ StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nanobind::handle 
                                                                std::optional<DType> dtype_override,
                                                                std::string name);
 
-// The dtype of a Python buffer-protocol format string ("f", "<d", "Zf", "?"), or InvalidArgument.
-StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize);
+// The dtype of a Python buffer-protocol format string ("f", "<d", "Zf", "?", ">i4"), or
+// InvalidArgument. `big_endian` (optional) is set when the format says '>' or '!' (ferry reads
+// such buffers as byte-swapped views; this machine is little-endian).
+StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize,
+                                      bool* big_endian = nullptr);
 
 }  // namespace ferry::python

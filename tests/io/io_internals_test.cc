@@ -9,7 +9,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
 #include "gtest/gtest.h"
-#include "src/io/byte_swap.h"
+#include "src/core/byte_swap.h"
 #include "src/io/row_major_chunks.h"
 #include "src/io/utf8.h"
 

@@ -41,8 +41,8 @@ struct PutTensor {
   std::string file;
   TensorFileEntry entry;
   DType device_dtype = DType::kF32;
-  std::string path;        // aliased / direct / converted (sharded: "sharded " + path)
-  DataPtr data;            // unsharded
+  std::string path;  // aliased / direct / converted / byte-swapped (sharded: "sharded/" + path)
+  DataPtr data;      // unsharded
   ShardedDataPtr sharded;  // sharded over the mesh
   int64_t bytes = 0;       // bytes read from the file
 };
@@ -204,10 +204,11 @@ int RunPut(const PutOptions& options) {
 
   for (PutTensor& tensor : tensors) {
     const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
-    const std::string kind = first->buffer().is_alias() ? "aliased"
-                             : tensor.device_dtype != tensor.entry.source->view().dtype
-                                 ? "converted"
-                                 : "direct";
+    const HostView& view = tensor.entry.source->view();
+    const std::string kind = first->buffer().is_alias()          ? "aliased"
+                             : tensor.device_dtype != view.dtype ? "converted"
+                             : !view.IsNativeByteOrder()         ? "byte-swapped"
+                                                                 : "direct";
     tensor.path = tensor.sharded ? "sharded/" + kind : kind;
   }
   const double memcpy_seconds = TimeMemcpyOf(tensors);

@@ -21,10 +21,11 @@ class CopyConvertPlan {
   CopyConvertPlan() = default;
 
   // Validates that `src` and `dst` have the same dims and that src.dtype converts to dst.dtype
-  // (CheckConvertible). Both views must already be valid against their memory; the plan keeps
-  // only their pointers, so that memory must outlive every Copy call.
-  // Dims that are contiguous together in both views are collapsed and size-1 dims dropped
-  // before the loop is chosen.
+  // (CheckConvertible). A byte-swapped `src` is reversed on the way, in the same pass; `dst`
+  // must be native (InvalidArgument otherwise). Both views must already be valid against their
+  // memory; the plan keeps only their pointers, so that memory must outlive every Copy call. Dims
+  // that are contiguous together in both views are collapsed and size-1 dims dropped before the
+  // loop is chosen.
   static StatusOr<CopyConvertPlan> Create(const HostView& src, const MutableHostView& dst);
 
   int64_t num_elements() const { return num_elements_; }
@@ -48,6 +49,10 @@ class CopyConvertPlan {
 
   // Copies tile_rows_ whole rows starting at these byte offsets, column block by column block.
   void CopyTile(int64_t src_offset, int64_t dst_offset) const;
+  // The kernel over `count` elements; for a byte-swapped source, block by block through a small
+  // buffer in which each block is first reversed.
+  void CopyRun(const std::byte* src, int64_t src_step, std::byte* dst, int64_t dst_step,
+               int64_t count) const;
 
   const std::byte* src_ = nullptr;
   std::byte* dst_ = nullptr;
@@ -58,6 +63,7 @@ class CopyConvertPlan {
   int64_t row_elements_ = 1;
   bool is_contiguous_ = false;
   int64_t tile_rows_ = 1;  // > 1: rows are copied in tiles of this many (see CopyTile)
+  int64_t swap_unit_ = 1;  // > 1: the source is byte-swapped in units of this many bytes
   // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
   absl::InlinedVector<int64_t, 6> dims_;
   absl::InlinedVector<int64_t, 6> src_strides_;

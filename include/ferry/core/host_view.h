@@ -43,6 +43,12 @@ struct BasicHostView {
   Dims dims;
   // One per dim, in bytes; any sign; 0 broadcasts along that dim.
   Dims byte_strides;
+  // The elements are stored in the other byte order than the host's (a big-endian file on a
+  // little-endian host): each element (each part of a complex) has its bytes reversed. Only
+  // sources may be swapped: the copy-convert reverses them as it reads, in the same pass, so
+  // such a view never takes a raw-memory path (memcpy, aliasing, a device's direct write).
+  // Destinations (MutableHostView) are always native.
+  bool byte_swapped = false;
 
   BasicHostView() = default;
   BasicHostView(Pointer data, DType dtype, Dims dims, Dims byte_strides)
@@ -51,7 +57,11 @@ struct BasicHostView {
   template <typename Other, typename = std::enable_if_t<std::is_same_v<Pointer, const void*> &&
                                                         std::is_same_v<Other, void*>>>
   BasicHostView(const BasicHostView<Other>& other)  // NOLINT(google-explicit-constructor)
-      : data(other.data), dtype(other.dtype), dims(other.dims), byte_strides(other.byte_strides) {}
+      : data(other.data),
+        dtype(other.dtype),
+        dims(other.dims),
+        byte_strides(other.byte_strides),
+        byte_swapped(other.byte_swapped) {}
 
   // A dense row-major view of `dims` at `data`.
   static BasicHostView Dense(Pointer data, DType dtype, absl::Span<const int64_t> dims) {
@@ -67,6 +77,9 @@ struct BasicHostView {
   int64_t dense_size_bytes() const { return num_elements() * element_size(); }
   // True when the strides are exactly the row-major ones (size-1 dims may have any stride).
   bool IsRowMajorDense() const;
+  // True when the bytes in memory are the elements as the host reads them: not byte_swapped, or
+  // a dtype without byte order (1-byte elements). Raw-memory paths need this.
+  bool IsNativeByteOrder() const { return !byte_swapped || DTypeSize(dtype) == 1; }
 
   // Checks the view's own consistency: as many strides as dims, no negative dim, and the
   // addressed byte range computable without int64 overflow. Errors name `tensor_name`,

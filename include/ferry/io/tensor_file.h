@@ -6,14 +6,13 @@
 // (or zip member) and the broken rule. Nothing outside the file is ever read.
 //
 // Zero copy: a tensor whose bytes lie in the file as they are (safetensors, .npy, stored .npz
-// members; little-endian) becomes a source that *borrows* the mapping: its view points into the
-// mapped file, with the file's dtype and, for Fortran-ordered .npy arrays, column-major byte
-// strides. Two kinds of tensors cannot be borrowed and are decoded once, at open time, into memory
-// owned by their source:
-//   - members of a compressed .npz (savez_compressed), inflated chunk by chunk with zlib;
-//   - big-endian .npy data ('>' descr), byte-swapped in one pass (read once, written once) while
-//     copied; the transfer later reads the swapped copy like any other source.
-// `TensorFileEntry::zero_copy` says which kind each tensor is.
+// members, little- or big-endian) becomes a source that *borrows* the mapping: its view points
+// into the mapped file, with the file's dtype and, for Fortran-ordered .npy arrays, column-major
+// byte strides. Big-endian data ('>' descr) is borrowed too: its view is marked `byte_swapped`
+// and the fused copy-convert reverses each element as it reads it, in the same pass as the copy
+// (no extra pass, no copy at open). Members of a compressed .npz (savez_compressed) cannot be
+// borrowed: they are inflated chunk by chunk with zlib, once, at open time, into memory owned by
+// their source. `TensorFileEntry::zero_copy` says which kind each tensor is.
 //
 // Lifetime: every source holds a reference to the mapping (or to its decoded memory), so sources
 // may outlive the TensorFile they came from; the file is unmapped when the TensorFile and the last
@@ -57,10 +56,11 @@ struct TensorFileEntry {
   // The tensor, in the dtype the file stores it in (a big-endian '>f4' array is float32). Its name
   // is "<file>:<tensor>" so transfer errors say where the tensor came from.
   std::shared_ptr<const TensorSource> source;
-  // True when `source` borrows the mapped file; false when it owns a decoded copy (compressed
-  // .npz member or byte-swapped big-endian data).
+  // True when `source` borrows the mapped file; false when it owns an inflated copy (compressed
+  // .npz member).
   bool zero_copy = true;
-  // True when the file stored the tensor big-endian and `source` holds the byte-swapped values.
+  // True when the file stores the tensor big-endian: the source's view is byte_swapped (see
+  // HostView), so transfers and CopyConvert reverse its bytes as they read them.
   bool byte_swapped = false;
   // Offset in the file of the tensor's first byte as stored; -1 for compressed members.
   int64_t file_offset = -1;

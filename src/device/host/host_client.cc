@@ -78,6 +78,7 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
 
   if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
     const bool aliasable = src.dtype == device_dtype && src.IsRowMajorDense() &&
+                           src.IsNativeByteOrder() &&
                            reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
     if (aliasable) {
       metrics::ZeroCopyAliases()->Add();

@@ -11,7 +11,8 @@ namespace ferry::opencl {
 
 TransferPath ChooseTransferPath(const HostView& view, DType device_dtype) {
   TransferPath path;
-  if (view.dtype != device_dtype) return path;
+  // A conversion or byte-swapped elements need the copy-convert: staged.
+  if (view.dtype != device_dtype || !view.IsNativeByteOrder()) return path;
   const int64_t element_size = view.element_size();
   // Collapse as the copy-convert plan does: drop size-1 dims, merge a dim into its inner
   // neighbour when the two step like one (the device side is dense, so it always agrees).

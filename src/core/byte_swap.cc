@@ -1,8 +1,8 @@
-#include "src/io/byte_swap.h"
+#include "src/core/byte_swap.h"
 
 #include <cstring>
 
-namespace ferry::io_internal {
+namespace ferry {
 namespace {
 
 // memcpy in and out keeps unaligned pointers legal; compilers turn each into a plain (possibly
@@ -68,4 +68,4 @@ void ByteSwapCopy(const std::byte* src, std::byte* dst, int64_t num_units, int64
   }
 }
 
-}  // namespace ferry::io_internal
+}  // namespace ferry

@@ -1,9 +1,7 @@
-// Byte swapping fused with a copy, for big-endian tensor files.
-//
-// ferry's copy-convert kernels read little-endian (native) elements only. A big-endian .npy array
-// is therefore made native once, by ByteSwapCopy, which reads each element once and writes it
-// once, swapped: the same cost as the copy that a non-zero-copy source needs anyway. Complex
-// elements are swapped part by part (a big-endian complex64 is two big-endian float32).
+// Byte reversal of elements stored in the other byte order (big-endian tensor files), for the
+// copy-convert plan, which reverses a small block of a byte-swapped source at a time, in cache,
+// just before converting it: the source is still read once. Complex elements are reversed part
+// by part (a big-endian complex64 is two big-endian float32).
 #pragma once
 
 #include <cstddef>
@@ -11,7 +9,7 @@
 
 #include "ferry/core/dtype.h"
 
-namespace ferry::io_internal {
+namespace ferry {
 
 // The unit whose bytes a big-endian element reverses: the element size, or half of it for complex
 // types. 1 means the dtype has no byte order (nothing to swap).
@@ -22,4 +20,4 @@ int64_t ByteSwapUnit(DType dtype);
 // Neither pointer needs any alignment.
 void ByteSwapCopy(const std::byte* src, std::byte* dst, int64_t num_units, int64_t unit_size);
 
-}  // namespace ferry::io_internal
+}  // namespace ferry
