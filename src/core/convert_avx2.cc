@@ -112,12 +112,52 @@ struct Avx2 {
 
 SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to) { return KernelFor<Avx2>(from, to); }
 
+namespace {
+
+// The classic in-register 8x8 transpose: interleave pairs of rows (unpack), then pairs of pairs
+// (shuffle), then swap the 128-bit halves (permute2f128).
+void Transpose8x8x4(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                    int64_t dst_row_stride) {
+  __m256 c[8];
+  for (int j = 0; j < 8; ++j) {
+    c[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + j * src_column_stride));
+  }
+  const __m256 t0 = _mm256_unpacklo_ps(c[0], c[1]);
+  const __m256 t1 = _mm256_unpackhi_ps(c[0], c[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(c[2], c[3]);
+  const __m256 t3 = _mm256_unpackhi_ps(c[2], c[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(c[4], c[5]);
+  const __m256 t5 = _mm256_unpackhi_ps(c[4], c[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(c[6], c[7]);
+  const __m256 t7 = _mm256_unpackhi_ps(c[6], c[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+  const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  const __m256 r[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                       _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                       _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                       _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+  for (int i = 0; i < 8; ++i) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst + i * dst_row_stride), r[i]);
+  }
+}
+
+}  // namespace
+
+TransposeBlockFn Avx2Transpose8x8x4() { return &Transpose8x8x4; }
+
 }  // namespace ferry::convert_internal
 
 #else  // not x86-64
 
 namespace ferry::convert_internal {
 SimdRowKernel Avx2RowKernel(SimdFloat, SimdFloat) { return nullptr; }
+TransposeBlockFn Avx2Transpose8x8x4() { return nullptr; }
 }  // namespace ferry::convert_internal
 
 #endif

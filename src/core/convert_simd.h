@@ -28,4 +28,13 @@ using SimdRowKernel = void (*)(const std::byte* src, int64_t src_stride_bytes, s
 SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to);
 SimdRowKernel Avx512RowKernel(SimdFloat from, SimdFloat to);
 
+// Copies an 8x8 block of 4-byte elements (a bit copy: any 4-byte dtype) and transposes it:
+// element (i, j) is read at `src + j * src_column_stride + 4 * i` (so each source column is eight
+// consecutive elements) and written at `dst + i * dst_row_stride + 4 * j` (each destination row
+// eight consecutive elements). No alignment needed. nullptr on other architectures than x86-64;
+// call only when BestConvertKernelLevel() reaches kAvx2.
+using TransposeBlockFn = void (*)(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                                  int64_t dst_row_stride);
+TransposeBlockFn Avx2Transpose8x8x4();
+
 }  // namespace ferry::convert_internal

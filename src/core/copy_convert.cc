@@ -7,6 +7,7 @@
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/core/byte_swap.h"
+#include "src/core/convert_simd.h"
 
 namespace ferry {
 
@@ -63,6 +64,14 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
     if (inner_stride >= kCacheLineBytes && outer_stride < inner_stride &&
         outer_stride < kCacheLineBytes && outer_stride > 0) {
       plan.tile_rows_ = std::min<int64_t>(kCacheLineBytes / outer_stride, plan.dims_[rank - 2]);
+    }
+  }
+  if (plan.tile_rows_ % 8 == 0 && src.dtype == dst.dtype && plan.swap_unit_ == 1 &&
+      DTypeSize(src.dtype) == 4 && plan.src_strides_[rank - 2] == 4 &&
+      plan.dst_strides_[rank - 1] == 4) {
+    StatusOr<ConvertKernelLevel> level = ActiveConvertKernelLevel();
+    if (level.ok() && *level >= ConvertKernelLevel::kAvx2) {
+      plan.transpose8x8_ = convert_internal::Avx2Transpose8x8x4();
     }
   }
   plan.is_contiguous_ = plan.dims_.size() == 1 && plan.src_strides_[0] == DTypeSize(src.dtype) &&
@@ -123,21 +132,88 @@ void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
   }
 }
 
+namespace {
+
+// Gathers a `rows` x `columns` block of elements of kSize bytes, element (i, j) at
+// `src + i * row_step + j * column_step`, into `block` (row-major, `kBlockColumns` per row).
+// Reads go down the columns: with a small row_step each column is one run of the source.
+template <int64_t kSize>
+void GatherBlock(const std::byte* src, int64_t row_step, int64_t column_step, int64_t rows,
+                 int64_t columns, std::byte* block, int64_t block_columns) {
+  for (int64_t j = 0; j < columns; ++j) {
+    const std::byte* column = src + j * column_step;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(block + (i * block_columns + j) * kSize, column + i * row_step, kSize);
+    }
+  }
+}
+
+using GatherBlockFn = void (*)(const std::byte*, int64_t, int64_t, int64_t, int64_t, std::byte*,
+                               int64_t);
+
+GatherBlockFn GatherBlockForSize(int64_t size) {
+  switch (size) {
+    case 1:
+      return &GatherBlock<1>;
+    case 2:
+      return &GatherBlock<2>;
+    case 4:
+      return &GatherBlock<4>;
+    case 8:
+      return &GatherBlock<8>;
+    default:
+      return &GatherBlock<16>;
+  }
+}
+
+}  // namespace
+
 void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
   // tile_rows_ rows that lie next to each other in the source (their dim has a small source
-  // stride) are copied together, kTileColumns columns at a time: every source cache line read is
-  // used for all the rows it holds before it leaves the cache, and destination rows are written
-  // in runs.
+  // stride: a transpose) are copied together, kTileColumns columns at a time: the block is first
+  // gathered into a small buffer in L1 reading each source cache line once, down the columns,
+  // then every row of the block is converted out of it as one dense run (the vector kernels),
+  // so destination rows are written in whole runs too.
   const size_t rank = dims_.size();
   const int64_t row = dims_[rank - 1];
   const int64_t src_step = src_strides_[rank - 1];
   const int64_t dst_step = dst_strides_[rank - 1];
   const int64_t src_row_step = src_strides_[rank - 2];
   const int64_t dst_row_step = dst_strides_[rank - 2];
+  int64_t first_column = 0;
+  if (transpose8x8_ != nullptr) {
+    // Whole 8x8 blocks in vector registers; the columns left over go the strided way below.
+    const int64_t whole = row / 8 * 8;
+    for (; first_column < whole; first_column += 8) {
+      for (int64_t i = 0; i < tile_rows_; i += 8) {
+        transpose8x8_(src_ + src_offset + i * src_row_step + first_column * src_step, src_step,
+                      dst_ + dst_offset + i * dst_row_step + first_column * dst_step, dst_row_step);
+      }
+    }
+  }
+  if (src_dtype_ == dst_dtype_ && swap_unit_ == 1) {
+    // A plain copy: the strided copy kernel straight from the source, row by row, kCopyTileColumns
+    // columns at a time (measured faster here than gathering first: the gather only pays off when
+    // a conversion kernel can then run dense).
+    for (int64_t column = first_column; column < row; column += kCopyTileColumns) {
+      const int64_t count = std::min(kCopyTileColumns, row - column);
+      for (int64_t i = 0; i < tile_rows_; ++i) {
+        kernel_(src_ + src_offset + i * src_row_step + column * src_step, src_step,
+                dst_ + dst_offset + i * dst_row_step + column * dst_step, dst_step, count);
+      }
+    }
+    return;
+  }
+  const int64_t element_size = DTypeSize(src_dtype_);
+  // tile_rows_ <= kCacheLineBytes (1-byte elements); elements are at most 16 bytes.
+  alignas(64) std::byte block[kCacheLineBytes * kTileColumns * 16];
+  const GatherBlockFn gather = GatherBlockForSize(element_size);
   for (int64_t column = 0; column < row; column += kTileColumns) {
     const int64_t count = std::min(kTileColumns, row - column);
+    gather(src_ + src_offset + column * src_step, src_row_step, src_step, tile_rows_, count, block,
+           kTileColumns);
     for (int64_t i = 0; i < tile_rows_; ++i) {
-      CopyRun(src_ + src_offset + i * src_row_step + column * src_step, src_step,
+      CopyRun(block + i * kTileColumns * element_size, element_size,
               dst_ + dst_offset + i * dst_row_step + column * dst_step, dst_step, count);
     }
   }

@@ -45,7 +45,8 @@ class CopyConvertPlan {
 
  private:
   static constexpr int64_t kCacheLineBytes = 64;
-  static constexpr int64_t kTileColumns = 8;
+  static constexpr int64_t kTileColumns = 16;     // converting tiles (gathered first)
+  static constexpr int64_t kCopyTileColumns = 8;  // same-dtype tiles (strided copy)
 
   // Copies tile_rows_ whole rows starting at these byte offsets, column block by column block.
   void CopyTile(int64_t src_offset, int64_t dst_offset) const;
@@ -64,6 +65,9 @@ class CopyConvertPlan {
   bool is_contiguous_ = false;
   int64_t tile_rows_ = 1;  // > 1: rows are copied in tiles of this many (see CopyTile)
   int64_t swap_unit_ = 1;  // > 1: the source is byte-swapped in units of this many bytes
+  // A vector 8x8 transpose for same-dtype tiles of 4-byte elements whose rows are contiguous in
+  // the source and columns contiguous in the destination; null when unavailable or unfit.
+  void (*transpose8x8_)(const std::byte*, int64_t, std::byte*, int64_t) = nullptr;
   // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
   absl::InlinedVector<int64_t, 6> dims_;
   absl::InlinedVector<int64_t, 6> src_strides_;
