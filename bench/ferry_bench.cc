@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -568,6 +570,69 @@ Status WarmUpAndVerify(PreparedCase& prepared, absl::Span<Device* const> device)
   return OkStatus();
 }
 
+// --- peers (--peers) ---------------------------------------------------------------------------
+
+// The cases bench/peers.py knows.
+constexpr const char* kPeerCases[] = {
+    "h2d_contiguous",      "h2d_transposed",      "h2d_strided_slice", "h2d_convert_f32_bf16",
+    "h2d_convert_f64_f32", "h2d_convert_f32_f16", "d2h_contiguous",    "d2h_upcast_bf16_f32"};
+
+// bench/peers.py's peers: the name in its fields and in the JSON (vs_<field>), and in the notes.
+struct PeerName {
+  const char* field;
+  const char* note;
+};
+constexpr PeerName kPeers[] = {{"torch", "torch"}, {"jax", "jax"}, {"numpy", "np"}};
+
+bool HasPeers(std::string_view case_name) {
+  return std::any_of(std::begin(kPeerCases), std::end(kPeerCases),
+                     [&](const char* name) { return case_name == name; });
+}
+
+// Adds vs_<peer> (the peer's median time / ferry's median `seconds`: above 1 means ferry is that
+// many times faster), the peer's median, how it was called, and, for a peer without a time,
+// null and <peer>_error; the notes get "vs torch 1.30x jax 2.10x np 0.90x" and "<peer> n/a: why".
+void AddPeerComparison(const Json& peers, double seconds, Json& json, std::string& notes) {
+  std::string ratios;
+  std::vector<std::string> missing;  // "<peer> n/a: why"
+  std::vector<std::string> reasons;
+  for (const PeerName& peer : kPeers) {
+    const std::string median_key = fmt::format("{}_seconds_median", peer.field);
+    const std::string error_key = fmt::format("{}_error", peer.field);
+    const std::string method_key = fmt::format("{}_method", peer.field);
+    const std::string ratio_key = fmt::format("vs_{}", peer.field);
+    const Json median = peers.value(median_key, Json(nullptr));
+    if (!median.is_number()) {
+      const std::string reason = peers.value(error_key, std::string("not measured"));
+      json[ratio_key] = nullptr;
+      json[median_key] = nullptr;
+      json[error_key] = reason;
+      missing.push_back(fmt::format("{} n/a: {}", peer.note, reason));
+      reasons.push_back(reason);
+      continue;
+    }
+    const double ratio = median.get<double>() / seconds;
+    json[ratio_key] = ratio;
+    json[median_key] = median;
+    if (peers.contains(method_key)) json[method_key] = peers[method_key];
+    const std::string all_key = fmt::format("{}_seconds_all", peer.field);
+    if (peers.contains(all_key)) json[all_key] = peers[all_key];
+    ratios += fmt::format(" {} {:.2f}x", peer.note, ratio);
+    if (std::string_view(peer.field) == "jax" && peers.value("jax_aliased", false)) {
+      json["jax_aliased"] = true;
+      ratios += " (aliased: no copy)";
+    }
+  }
+  if (!ratios.empty()) AddNote(notes, "vs" + ratios);
+  // One reason for all the peers (peers.py failed) is said once.
+  if (reasons.size() == std::size(kPeers) &&
+      std::all_of(reasons.begin(), reasons.end(), [&](const auto& r) { return r == reasons[0]; })) {
+    AddNote(notes, fmt::format("peers n/a: {}", reasons[0]));
+    return;
+  }
+  for (const std::string& note : missing) AddNote(notes, note);
+}
+
 struct CaseResult {
   Json json;
   std::string row;
@@ -575,9 +640,11 @@ struct CaseResult {
 };
 
 // `raw_clwrite_seconds_per_byte`: raw_clwrite's median time per byte when it ran earlier in this
-// run, for the vs_raw_clwrite ratio.
+// run, for the vs_raw_clwrite ratio; `peers`: this case's row of bench/peers.py (--peers), or
+// null.
 StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
-                             int repeats, std::optional<double> raw_clwrite_seconds_per_byte) {
+                             int repeats, std::optional<double> raw_clwrite_seconds_per_byte,
+                             const Json* peers) {
   FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
   if (prepared.skip_reason.has_value()) {
     CaseResult skipped;
@@ -673,6 +740,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     json["vs_raw_clwrite"] = vs_raw;
     add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
   }
+  if (peers != nullptr) AddPeerComparison(*peers, seconds, json, notes);
   if (!has_staged) add_note(prepared.no_staged_note);
   if (HeapAccountingEnabled() && ferry_retained > 4 * kMiB) {
     add_note(fmt::format("peak extra: {} still allocated after the run (allocator slack)",
@@ -775,6 +843,31 @@ StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repea
       fmt::format("--size {} --repeats {} --device '{}'", scale, repeats, device));
 }
 
+// Runs bench/peers.py with `python` for `case_names` and returns its rows by case name; on failure,
+// a row per case whose every peer is null with the failure as the reason.
+std::map<std::string, Json> RunPeers(const std::string& python,
+                                     const std::vector<std::string>& case_names, double scale,
+                                     int repeats, std::optional<std::string>& failure) {
+  std::string names;
+  for (const std::string& name : case_names) names += " " + name;
+  StatusOr<Json> rows = RunPythonScript(
+      python, "peers.py", fmt::format("--size {} --repeats {} --case{}", scale, repeats, names));
+  std::map<std::string, Json> by_case;
+  if (!rows.ok()) failure = fmt::format("bench/peers.py failed: {}", rows.status().ToString());
+  for (const std::string& name : case_names) {
+    Json row = {{"case", name}};
+    for (const PeerName& peer : kPeers) {
+      row[fmt::format("{}_seconds_median", peer.field)] = nullptr;
+      row[fmt::format("{}_error", peer.field)] = failure.value_or("peers.py printed no row");
+    }
+    by_case[name] = std::move(row);
+  }
+  if (rows.ok()) {
+    for (const Json& row : *rows) by_case[row.value("case", "")] = row;
+  }
+  return by_case;
+}
+
 std::string FormatPythonRow(const Json& row) {
   const std::string name = row["case"].get<std::string>();
   const double seconds = row["seconds_median"].get<double>();
@@ -805,12 +898,17 @@ int RunBench(int argc, char** argv) {
   int repeats = 7;
   std::optional<int> workers;
   bool list = false;
+  bool peers = false;
   std::string python;
   app.add_option("--python", python,
                  "Also run the Python-layer cases (py_put_small, py_put_large; bench/py_bench.py) "
                  "with this interpreter, which must have the ferry package installed, and time "
                  "the real loaders (safetensors, torch.load; bench/loader_peers.py) in the file "
                  "cases");
+  app.add_flag("--peers", peers,
+               "Also time the same transfers with torch, jax and numpy (bench/peers.py, run with "
+               "--python, else the source tree's .venv/bin/python) and add vs_torch, vs_jax and "
+               "vs_numpy to the rows");
   app.add_option("--case", case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
   app.add_option("--size", scale, "Multiply every case's size by this (e.g. 0.1 for a quick run)")
@@ -844,6 +942,20 @@ int RunBench(int argc, char** argv) {
       fmt::print(stderr, "ferry-bench: unknown case '{}' (--list shows them)\n", name);
       return 2;
     }
+  }
+
+  std::string peers_python = python;
+  if (peers && peers_python.empty()) {
+    const std::filesystem::path venv =
+        std::filesystem::path(FERRY_SOURCE_DIR) / ".venv" / "bin" / "python";
+    if (!std::filesystem::exists(venv)) {
+      fmt::print(stderr,
+                 "ferry-bench: --peers needs --python PY (an interpreter with torch, jax, numpy "
+                 "and ml_dtypes); there is no {}\n",
+                 venv.string());
+      return 2;
+    }
+    peers_python = venv.string();
   }
 
   const size_t colon = device_name.find(':');
@@ -894,6 +1006,25 @@ int RunBench(int argc, char** argv) {
         "may skew the times\n",
         machine["cpu_busy_percent_before"].get<double>());
   }
+  // The peers run first, in one process, while this one holds no case memory; their times go into
+  // the rows of the cases below.
+  std::map<std::string, Json> peer_rows;
+  std::optional<std::string> peers_failure;
+  if (peers) {
+    std::vector<std::string> peer_cases;
+    for (const CaseDefinition* definition : selected) {
+      if (HasPeers(definition->name)) peer_cases.push_back(definition->name);
+    }
+    if (peer_cases.empty()) {
+      fmt::print("peers: none of the selected cases has peers (bench/peers.py)\n");
+    } else {
+      fmt::print("peers: timing {} case(s) with torch, jax and numpy ({} bench/peers.py)...\n",
+                 peer_cases.size(), peers_python);
+      std::fflush(stdout);
+      peer_rows = RunPeers(peers_python, peer_cases, scale, repeats, peers_failure);
+      if (peers_failure.has_value()) fmt::print("peers FAILED: {}\n", *peers_failure);
+    }
+  }
   fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",
              "notes");
@@ -910,8 +1041,10 @@ int RunBench(int argc, char** argv) {
   }
   std::optional<double> raw_clwrite_seconds_per_byte;
   for (const CaseDefinition* definition : selected) {
+    const auto peer_row = peer_rows.find(definition->name);
     StatusOr<CaseResult> result =
-        RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte);
+        RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte,
+                peer_row == peer_rows.end() ? nullptr : &peer_row->second);
     if (!result.ok()) {
       ++failures;
       fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());
@@ -964,6 +1097,12 @@ int RunBench(int argc, char** argv) {
         {"h2d_semantics", std::string(HostBufferSemanticsName(kBenchSemantics))},
         {"heap_accounting",
          HeapAccountingEnabled() ? "malloc interposition" : "off (sanitizer build)"}};
+    if (peers) {
+      document["settings"]["peers_python"] = peers_python;
+      for (const auto& [name, row] : peer_rows) {
+        if (row.contains("versions")) document["settings"]["peers_versions"] = row["versions"];
+      }
+    }
     std::ofstream out(json_path);
     out << document.dump(2) << "\n";
     if (!out) {
@@ -971,6 +1110,7 @@ int RunBench(int argc, char** argv) {
       return 1;
     }
   }
+  if (peers_failure.has_value()) ++failures;
   return failures == 0 ? 0 : 1;
 }
 
