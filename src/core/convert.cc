@@ -19,6 +19,10 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 #include <utility>
 
 #include "ferry/core/dtype.h"
@@ -353,12 +357,44 @@ void ConvertRow(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
   }
 }
 
+// Dense copies of at least this many bytes go out with non-temporal stores (SSE2, part of every
+// x86-64): far larger than the caches, their lines would only evict the source's, and a streamed
+// line costs no read-for-ownership. glibc's memcpy streams only above ~3/4 of the L3 cache, and a
+// transfer copies in chunks smaller than that. Shorter copies stay cached.
+constexpr int64_t kStreamCopyMinBytes = int64_t{1} << 20;
+
+void CopyBytes(std::byte* dst, const std::byte* src, int64_t bytes) {
+#if defined(__x86_64__)
+  if (bytes >= kStreamCopyMinBytes) {
+    const int64_t head = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+    std::memcpy(dst, src, static_cast<size_t>(head));
+    int64_t done = head;
+    for (; done + 64 <= bytes; done += 64) {
+      const auto* from = reinterpret_cast<const __m128i*>(src + done);
+      auto* to = reinterpret_cast<__m128i*>(dst + done);
+      const __m128i a = _mm_loadu_si128(from);
+      const __m128i b = _mm_loadu_si128(from + 1);
+      const __m128i c = _mm_loadu_si128(from + 2);
+      const __m128i d = _mm_loadu_si128(from + 3);
+      _mm_stream_si128(to, a);
+      _mm_stream_si128(to + 1, b);
+      _mm_stream_si128(to + 2, c);
+      _mm_stream_si128(to + 3, d);
+    }
+    _mm_sfence();  // the streamed lines are ordered before whatever signals the copy's end
+    std::memcpy(dst + done, src + done, static_cast<size_t>(bytes - done));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+
 template <int64_t kSize>
 void CopyRow(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
              int64_t dst_stride_bytes, int64_t count) {
   if (count <= 0) return;  // also keeps null pointers away from memcpy
   if (src_stride_bytes == kSize && dst_stride_bytes == kSize) {
-    std::memcpy(dst, src, static_cast<size_t>(count * kSize));
+    CopyBytes(dst, src, count * kSize);
     return;
   }
   for (int64_t i = 0; i < count; ++i) {

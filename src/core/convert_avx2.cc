@@ -73,6 +73,14 @@ struct Avx2 {
     return _mm256_set_m128(high, low);
   }
 
+  static void StreamLine(std::byte* dst, const std::byte* src) {
+    for (int half = 0; half < 2; ++half) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 32 * half),
+                          _mm256_load_si256(reinterpret_cast<const __m256i*>(src + 32 * half)));
+    }
+  }
+  static void FenceStreams() { _mm_sfence(); }
+
   static void StoreF32(std::byte* dst, Lanes lanes) {
     _mm256_storeu_ps(reinterpret_cast<float*>(dst), lanes);
   }

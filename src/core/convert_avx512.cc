@@ -85,6 +85,12 @@ struct Avx512 {
 
   static void StoreF32(std::byte* dst, Lanes lanes) { _mm512_storeu_ps(dst, lanes); }
 
+  static void StreamLine(std::byte* dst, const std::byte* src) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst),
+                        _mm512_load_si512(reinterpret_cast<const __m512i*>(src)));
+  }
+  static void FenceStreams() { _mm_sfence(); }
+
   // VCVTPS2PH rounds to nearest even by its immediate (whatever MXCSR says), keeps subnormal
   // results, and turns a NaN into sign | 0x7E00 | the top payload bits: F32ToF16Bits exactly.
   static void StoreF16(std::byte* dst, Lanes lanes) {

@@ -15,7 +15,10 @@
 //   static Lanes LoadF64(const std::byte*)            -- f64 rounded to nearest even (f64 -> f32)
 //   static Lanes LoadF64RoundToOdd(const std::byte*)  -- f64 rounded to odd (f64 -> f16/bf16)
 //   static void StoreF16(std::byte*, Lanes), StoreBF16, StoreF32, StoreF64
-// Each of them must give exactly what the scalar reference in convert.cc gives, lane by lane.
+//   static void StreamLine(std::byte* dst, const std::byte* src)  -- one 64-byte line, dst
+//       64-byte aligned, with non-temporal stores
+//   static void FenceStreams()                        -- orders the streamed lines (sfence)
+// Each conversion must give exactly what the scalar reference in convert.cc gives, lane by lane.
 #pragma once
 
 #include <cstddef>
@@ -67,10 +70,16 @@ inline void ConvertBlock(const std::byte* src, std::byte* dst) {
   StoreLanes<Isa, To>(dst, LoadLanes<Isa, From, To>(src));
 }
 
+// Dense rows at least this long (in destination bytes) are written with non-temporal stores:
+// far larger than the caches, their lines would only evict the source's, and a streamed line
+// costs no read-for-ownership (~30% faster f64 -> f32 here). Shorter rows stay cached, as whoever
+// converts a small piece usually reads it soon.
+inline constexpr int64_t kStreamMinBytes = int64_t{1} << 20;
+
 // `count` elements, both sides dense. Whole blocks in place; the last partial block through local
 // buffers, so that every element takes the same vector path.
 template <typename Isa, SimdFloat From, SimdFloat To>
-void ConvertDense(const std::byte* src, std::byte* dst, int64_t count) {
+void ConvertDenseCached(const std::byte* src, std::byte* dst, int64_t count) {
   constexpr int64_t kLanes = Isa::kLanes;
   constexpr int64_t kSourceSize = kFloatSize<From>;
   constexpr int64_t kTargetSize = kFloatSize<To>;
@@ -86,6 +95,42 @@ void ConvertDense(const std::byte* src, std::byte* dst, int64_t count) {
     ConvertBlock<Isa, From, To>(source, target);
     std::memcpy(dst + i * kTargetSize, target, rest * kTargetSize);
   }
+}
+
+// The same results; long rows are converted a group of blocks at a time into a line-sized buffer
+// in L1 and streamed out from there (the same vector conversion, only the stores differ).
+template <typename Isa, SimdFloat From, SimdFloat To>
+void ConvertDense(const std::byte* src, std::byte* dst, int64_t count) {
+  constexpr int64_t kSourceSize = kFloatSize<From>;
+  constexpr int64_t kTargetSize = kFloatSize<To>;
+  const auto address = reinterpret_cast<uintptr_t>(dst);
+  if (count * kTargetSize < kStreamMinBytes || address % kTargetSize != 0) {
+    ConvertDenseCached<Isa, From, To>(src, dst, count);
+    return;
+  }
+  // Whole elements up to the first 64-byte boundary, cached.
+  const int64_t head = static_cast<int64_t>((64 - address % 64) % 64) / kTargetSize;
+  ConvertDenseCached<Isa, From, To>(src, dst, head);
+  src += head * kSourceSize;
+  dst += head * kTargetSize;
+  count -= head;
+  constexpr int64_t kBlockBytes = Isa::kLanes * kTargetSize;
+  constexpr int64_t kGroupBytes = kBlockBytes >= 64 ? kBlockBytes : 64;
+  constexpr int64_t kBlocksPerGroup = kGroupBytes / kBlockBytes;
+  constexpr int64_t kGroupElements = kBlocksPerGroup * Isa::kLanes;
+  alignas(64) std::byte group[kGroupBytes];
+  int64_t i = 0;
+  for (; i + kGroupElements <= count; i += kGroupElements) {
+    for (int64_t b = 0; b < kBlocksPerGroup; ++b) {
+      ConvertBlock<Isa, From, To>(src + (i + b * Isa::kLanes) * kSourceSize,
+                                  group + b * kBlockBytes);
+    }
+    for (int64_t line = 0; line < kGroupBytes; line += 64) {
+      Isa::StreamLine(dst + i * kTargetSize + line, group + line);
+    }
+  }
+  Isa::FenceStreams();
+  ConvertDenseCached<Isa, From, To>(src + i * kSourceSize, dst + i * kTargetSize, count - i);
 }
 
 // The ConvertKernel contract (convert.h): any strides; a count <= 0 touches nothing.

@@ -294,6 +294,28 @@ TEST_P(ConvertKernelLevelTest, LongDenseRowsOfRandomBitsMatchTheScalarReference)
   }
 }
 
+// Rows of a megabyte or more of destination are written with non-temporal stores from the first
+// 64-byte boundary on: every head and tail length around that boundary must still be exact.
+TEST_P(ConvertKernelLevelTest, StreamedRowsMatchTheScalarReference) {
+  for (DType from : kFloatDTypes) {
+    for (DType to : kFloatDTypes) {
+      if (from == to) continue;
+      const ConvertKernel kernel = Kernel(from, to);
+      ASSERT_NE(kernel, nullptr);
+      int failures = 0;
+      const int64_t streamed = (int64_t{1} << 20) / DTypeSize(to);  // the shortest streamed row
+      for (int trial = 0; trial < 3; ++trial) {
+        const int64_t count = streamed + static_cast<int64_t>(rng_() % 100);
+        const std::vector<std::byte> elements = Inputs(from, count);
+        // Destination offsets that are not multiples of 64 (a head to convert cached first).
+        CheckRow(kernel, from, to, elements, count, 1, 1, trial * 3, trial * 2 * DTypeSize(to) + 6,
+                 &failures);
+      }
+      EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
+    }
+  }
+}
+
 TEST_P(ConvertKernelLevelTest, StridedRowsMatchTheScalarReference) {
   // (source step, destination step) in elements: gaps, reversal, broadcast, last-wins.
   const std::pair<int64_t, int64_t> kSteps[] = {{2, 1},  {1, 3}, {-1, 1}, {1, -1},

@@ -247,3 +247,33 @@ TEST(CopyConvertTest, TransposedTilesMatchTheReferenceAtEveryEdge) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// Dense copies of a megabyte or more are streamed from the destination's first 64-byte boundary
+// on: every alignment of either side and every tail length must still copy every byte.
+TEST(CopyConvertTest, LongDenseCopiesAreExactAtEveryAlignment) {
+  std::mt19937_64 rng(5);
+  for (const DType dtype : {DType::kU8, DType::kS16, DType::kF32, DType::kC128}) {
+    const int64_t size = DTypeSize(dtype);
+    const int64_t count = ((int64_t{1} << 20) + 77 * size) / size;
+    std::vector<std::byte> src = RandomBytes(rng, static_cast<size_t>(count * size + 128));
+    for (const int64_t src_shift : {int64_t{0}, size, 5 * size}) {
+      for (const int64_t dst_shift : {int64_t{0}, size, 3 * size, 64 - size}) {
+        SCOPED_TRACE(fmt::format("{} src+{} dst+{}", DTypeName(dtype), src_shift, dst_shift));
+        std::vector<std::byte> dst(static_cast<size_t>(count * size + 128), std::byte{0x11});
+        ConvertKernel copy = GetConvertKernel(dtype, dtype).value();
+        copy(src.data() + src_shift, size, dst.data() + dst_shift, size, count);
+        EXPECT_EQ(0, std::memcmp(dst.data() + dst_shift, src.data() + src_shift,
+                                 static_cast<size_t>(count * size)));
+        // Nothing outside the row is touched.
+        EXPECT_EQ(dst[static_cast<size_t>(dst_shift + count * size)], std::byte{0x11});
+        if (dst_shift > 0) EXPECT_EQ(dst[static_cast<size_t>(dst_shift - 1)], std::byte{0x11});
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry
