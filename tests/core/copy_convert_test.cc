@@ -269,7 +269,9 @@ TEST(CopyConvertTest, LongDenseCopiesAreExactAtEveryAlignment) {
                                  static_cast<size_t>(count * size)));
         // Nothing outside the row is touched.
         EXPECT_EQ(dst[static_cast<size_t>(dst_shift + count * size)], std::byte{0x11});
-        if (dst_shift > 0) EXPECT_EQ(dst[static_cast<size_t>(dst_shift - 1)], std::byte{0x11});
+        if (dst_shift > 0) {
+          EXPECT_EQ(dst[static_cast<size_t>(dst_shift - 1)], std::byte{0x11});
+        }
       }
     }
   }
