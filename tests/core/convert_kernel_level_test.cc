@@ -173,6 +173,22 @@ class ConvertKernelLevelTest : public testing::TestWithParam<ConvertKernelLevel>
 
   ConvertKernel Kernel(DType from, DType to) { return Kernel(from, to, GetParam()); }
 
+  // Runs `check(from, to, kernel, &failures)` for every vectorised pair (two different float
+  // dtypes) at this level, and expects it to count no failure.
+  template <typename Check>
+  void ForEachVectorPair(Check check) {
+    for (DType from : kFloatDTypes) {
+      for (DType to : kFloatDTypes) {
+        if (from == to) continue;
+        const ConvertKernel kernel = Kernel(from, to);
+        ASSERT_NE(kernel, nullptr) << DTypeName(from) << " -> " << DTypeName(to);
+        int failures = 0;
+        check(from, to, kernel, &failures);
+        EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
+      }
+    }
+  }
+
   static ConvertKernel Kernel(DType from, DType to, ConvertKernelLevel level) {
     StatusOr<ConvertKernel> kernel = GetConvertKernel(from, to, level);
     EXPECT_TRUE(kernel.ok()) << kernel.status();
@@ -255,87 +271,60 @@ void CheckRow(ConvertKernel kernel, DType from, DType to, const std::vector<std:
 }
 
 TEST_P(ConvertKernelLevelTest, DenseRowsOfEveryLengthMatchTheScalarReference) {
-  for (DType from : kFloatDTypes) {
-    for (DType to : kFloatDTypes) {
-      if (from == to) continue;
-      const ConvertKernel kernel = Kernel(from, to);
-      ASSERT_NE(kernel, nullptr);
-      if (GetParam() != ConvertKernelLevel::kPortable) {
-        // The level has its own kernel for these pairs: this test is not the portable one again.
-        EXPECT_NE(kernel, Kernel(from, to, ConvertKernelLevel::kPortable))
-            << DTypeName(from) << " -> " << DTypeName(to);
-      }
-      int failures = 0;
-      for (int64_t count = 0; count <= 100; ++count) {
-        const std::vector<std::byte> elements = Inputs(from, count);
-        // Unaligned: the source and destination start at every byte offset below 4.
-        const auto offset = static_cast<int64_t>(count % 4);
-        CheckRow(kernel, from, to, elements, count, 1, 1, offset, (count / 4) % 4, &failures);
-      }
-      EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
+  ForEachVectorPair([&](DType from, DType to, ConvertKernel kernel, int* failures) {
+    if (GetParam() != ConvertKernelLevel::kPortable) {
+      // The level has its own kernel for these pairs: this test is not the portable one again.
+      EXPECT_NE(kernel, Kernel(from, to, ConvertKernelLevel::kPortable))
+          << DTypeName(from) << " -> " << DTypeName(to);
     }
-  }
+    for (int64_t count = 0; count <= 100; ++count) {
+      const std::vector<std::byte> elements = Inputs(from, count);
+      // Unaligned: the source and destination start at every byte offset below 4.
+      const auto offset = static_cast<int64_t>(count % 4);
+      CheckRow(kernel, from, to, elements, count, 1, 1, offset, (count / 4) % 4, failures);
+    }
+  });
 }
 
 TEST_P(ConvertKernelLevelTest, LongDenseRowsOfRandomBitsMatchTheScalarReference) {
-  for (DType from : kFloatDTypes) {
-    for (DType to : kFloatDTypes) {
-      if (from == to) continue;
-      const ConvertKernel kernel = Kernel(from, to);
-      ASSERT_NE(kernel, nullptr);
-      int failures = 0;
-      for (int trial = 0; trial < 4; ++trial) {
-        const auto count = static_cast<int64_t>(4000 + rng_() % 1000);
-        const std::vector<std::byte> elements = Inputs(from, count);
-        CheckRow(kernel, from, to, elements, count, 1, 1, trial, 3 - trial, &failures);
-      }
-      EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
+  ForEachVectorPair([&](DType from, DType to, ConvertKernel kernel, int* failures) {
+    for (int trial = 0; trial < 4; ++trial) {
+      const auto count = static_cast<int64_t>(4000 + rng_() % 1000);
+      const std::vector<std::byte> elements = Inputs(from, count);
+      CheckRow(kernel, from, to, elements, count, 1, 1, trial, 3 - trial, failures);
     }
-  }
+  });
 }
 
 // Rows of a megabyte or more of destination are written with non-temporal stores from the first
 // 64-byte boundary on: every head and tail length around that boundary must still be exact.
 TEST_P(ConvertKernelLevelTest, StreamedRowsMatchTheScalarReference) {
-  for (DType from : kFloatDTypes) {
-    for (DType to : kFloatDTypes) {
-      if (from == to) continue;
-      const ConvertKernel kernel = Kernel(from, to);
-      ASSERT_NE(kernel, nullptr);
-      int failures = 0;
-      const int64_t streamed = (int64_t{1} << 20) / DTypeSize(to);  // the shortest streamed row
-      for (int trial = 0; trial < 3; ++trial) {
-        const int64_t count = streamed + static_cast<int64_t>(rng_() % 100);
-        const std::vector<std::byte> elements = Inputs(from, count);
-        // Destination offsets that are not multiples of 64 (a head to convert cached first).
-        CheckRow(kernel, from, to, elements, count, 1, 1, trial * 3, trial * 2 * DTypeSize(to) + 6,
-                 &failures);
-      }
-      EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
+  ForEachVectorPair([&](DType from, DType to, ConvertKernel kernel, int* failures) {
+    const int64_t streamed = (int64_t{1} << 20) / DTypeSize(to);  // the shortest streamed row
+    for (int trial = 0; trial < 3; ++trial) {
+      const int64_t count = streamed + static_cast<int64_t>(rng_() % 100);
+      const std::vector<std::byte> elements = Inputs(from, count);
+      // Destination offsets of whole elements (a misaligned element never streams) that are
+      // not multiples of 64 bytes: a head to convert cached before the first streamed line.
+      CheckRow(kernel, from, to, elements, count, 1, 1, trial * 3, (trial * 2 + 1) * DTypeSize(to),
+               failures);
     }
-  }
+  });
 }
 
 TEST_P(ConvertKernelLevelTest, StridedRowsMatchTheScalarReference) {
   // (source step, destination step) in elements: gaps, reversal, broadcast, last-wins.
   const std::pair<int64_t, int64_t> kSteps[] = {{2, 1},  {1, 3}, {-1, 1}, {1, -1},
                                                 {-3, 2}, {0, 1}, {1, 0},  {5, -7}};
-  for (DType from : kFloatDTypes) {
-    for (DType to : kFloatDTypes) {
-      if (from == to) continue;
-      const ConvertKernel kernel = Kernel(from, to);
-      ASSERT_NE(kernel, nullptr);
-      int failures = 0;
-      for (const auto& [src_step, dst_step] : kSteps) {
-        for (int64_t count : {0, 1, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 300}) {
-          const std::vector<std::byte> elements = Inputs(from, count);
-          CheckRow(kernel, from, to, elements, count, src_step, dst_step, count % 3, count % 5,
-                   &failures);
-        }
+  ForEachVectorPair([&](DType from, DType to, ConvertKernel kernel, int* failures) {
+    for (const auto& [src_step, dst_step] : kSteps) {
+      for (int64_t count : {0, 1, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 100, 300}) {
+        const std::vector<std::byte> elements = Inputs(from, count);
+        CheckRow(kernel, from, to, elements, count, src_step, dst_step, count % 3, count % 5,
+                 failures);
       }
-      EXPECT_EQ(failures, 0) << DTypeName(from) << " -> " << DTypeName(to);
     }
-  }
+  });
 }
 
 TEST_P(ConvertKernelLevelTest, EveryOtherPairGivesThePortableLevelsBytes) {
