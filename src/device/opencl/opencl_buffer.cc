@@ -47,21 +47,14 @@ DeviceQueue::~DeviceQueue() {
   cl_.clReleaseContext(context_);
 }
 
-namespace {
-
-bool IsOutOfMemory(cl_int error) {
-  return error == CL_MEM_OBJECT_ALLOCATION_FAILURE || error == CL_OUT_OF_RESOURCES ||
-         error == CL_OUT_OF_HOST_MEMORY;
-}
-
-}  // namespace
-
 StatusOr<cl_mem> DeviceQueue::AllocateMemory(int64_t size_bytes, std::string_view tensor_name) {
   if (std::optional<cl_mem> cached = cache_.Take(size_bytes)) return *cached;
   cl_int error = CL_SUCCESS;
   cl_mem mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes),
                                   nullptr, &error);
-  if (IsOutOfMemory(error) && cache_.ReleaseAll()) {
+  // Out of memory (the errors OpenClErrorStatusCode maps to ResourceExhausted): the cached
+  // buffers may be what is missing.
+  if (OpenClErrorStatusCode(error) == absl::StatusCode::kResourceExhausted && cache_.ReleaseAll()) {
     mem = cl_.clCreateBuffer(context_, CL_MEM_READ_WRITE, static_cast<size_t>(size_bytes), nullptr,
                              &error);
   }
