@@ -357,15 +357,12 @@ void ConvertRow(const std::byte* src, int64_t src_stride_bytes, std::byte* dst,
   }
 }
 
-// Dense copies of at least this many bytes go out with non-temporal stores (SSE2, part of every
-// x86-64): far larger than the caches, their lines would only evict the source's, and a streamed
-// line costs no read-for-ownership. glibc's memcpy streams only above ~3/4 of the L3 cache, and a
-// transfer copies in chunks smaller than that. Shorter copies stay cached.
-constexpr int64_t kStreamCopyMinBytes = int64_t{1} << 20;
-
+// Dense copies of convert_internal::kStreamMinBytes or more go out with non-temporal stores
+// (SSE2, part of every x86-64). glibc's memcpy streams only above ~3/4 of the L3 cache, and a
+// transfer copies in chunks smaller than that.
 void CopyBytes(std::byte* dst, const std::byte* src, int64_t bytes) {
 #if defined(__x86_64__)
-  if (bytes >= kStreamCopyMinBytes) {
+  if (bytes >= convert_internal::kStreamMinBytes) {
     const int64_t head = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
     std::memcpy(dst, src, static_cast<size_t>(head));
     int64_t done = head;

@@ -70,12 +70,6 @@ inline void ConvertBlock(const std::byte* src, std::byte* dst) {
   StoreLanes<Isa, To>(dst, LoadLanes<Isa, From, To>(src));
 }
 
-// Dense rows at least this long (in destination bytes) are written with non-temporal stores:
-// far larger than the caches, their lines would only evict the source's, and a streamed line
-// costs no read-for-ownership (~30% faster f64 -> f32 here). Shorter rows stay cached, as whoever
-// converts a small piece usually reads it soon.
-inline constexpr int64_t kStreamMinBytes = int64_t{1} << 20;
-
 // `count` elements, both sides dense. Whole blocks in place; the last partial block through local
 // buffers, so that every element takes the same vector path.
 template <typename Isa, SimdFloat From, SimdFloat To>
