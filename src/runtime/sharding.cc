@@ -157,11 +157,12 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
   FERRY_RETURN_IF_ERROR(CheckOptions(options));
   ScopedTimer timer(metrics::TransferToDeviceTime());
   // Every shard is started before any is waited for: the devices fill in parallel.
+  const std::optional<DType> device_dtype =
+      options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[0];
   std::vector<internal::DeviceTransfer> transfers;
   transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
-    transfers.push_back({sources[i], sharding.mesh().devices()[i],
-                         options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[0]});
+    transfers.push_back({sources[i], sharding.mesh().devices()[i], device_dtype});
   }
   FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> shards,
                          internal::StartTransfers(transfers, options.semantics));

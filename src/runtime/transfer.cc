@@ -72,8 +72,7 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
     OnDoneWithHostBuffer on_done = [keep_alive = source]() mutable { keep_alive.reset(); };
     HostBufferSemantics this_semantics = semantics;
     std::optional<Promise<>> read;
-    if (overlap && source != nullptr &&
-        source->view().num_elements() * DTypeSize(source->view().dtype) >= kOverlapMinBytes) {
+    if (overlap && source != nullptr && source->view().dense_size_bytes() >= kOverlapMinBytes) {
       this_semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
       read.emplace();
       on_done = [keep_alive = source, read = *read]() mutable {
