@@ -18,17 +18,22 @@ namespace {
 
 constexpr int64_t kMinCachedBytes = int64_t{1} << 20;
 
+// GCC says __SANITIZE_ADDRESS__, clang __has_feature(address_sanitizer).
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int64_t kDefaultCacheLimitBytes = 0;
+#define FERRY_ADDRESS_SANITIZER 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-constexpr int64_t kDefaultCacheLimitBytes = 0;
-#else
-constexpr int64_t kDefaultCacheLimitBytes = int64_t{1} << 30;
+#define FERRY_ADDRESS_SANITIZER 1
 #endif
-#else
-constexpr int64_t kDefaultCacheLimitBytes = int64_t{1} << 30;
 #endif
+#if defined(FERRY_ADDRESS_SANITIZER)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+// Off under AddressSanitizer, so that a use after free of a cached block stays detectable.
+constexpr int64_t kDefaultCacheLimitBytes = kAddressSanitizer ? 0 : int64_t{1} << 30;
 
 int64_t CacheLimitFromEnvironment() {
   const char* env = std::getenv("FERRY_HOST_MEMORY_CACHE_BYTES");
