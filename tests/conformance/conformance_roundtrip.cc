@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "conformance_suite.h"
+#include "src/core/byte_swap.h"
 
 namespace ferry::conformance {
 namespace {
@@ -190,7 +191,7 @@ TEST_P(ConformanceRoundTrip, ByteSwappedSourcesArriveInHostByteOrder) {
                        Case{DType::kF64, DType::kF32}, Case{DType::kF32, DType::kBF16},
                        Case{DType::kC64, DType::kC64}}) {
     if (!Holds({c.from, c.to})) continue;
-    const int64_t unit = DTypeSize(c.from) / (c.from == DType::kC64 ? 2 : 1);
+    const int64_t unit = ByteSwapUnit(c.from);
     for (HostBufferSemantics semantics : kAllSemantics) {
       for (const std::vector<int64_t>& dims :
            {std::vector<int64_t>{7}, std::vector<int64_t>{64, 33},

@@ -9,6 +9,7 @@
 
 #include "fmt/format.h"
 #include "gtest/gtest.h"
+#include "src/core/byte_swap.h"
 
 namespace ferry {
 namespace {
@@ -30,6 +31,13 @@ void ReferenceCopy(const HostView& src, const MutableHostView& dst) {
       if (++index[d] < src.dims[d]) break;
       index[d] = 0;
     }
+  }
+}
+
+// Runs `plan` in pieces of `chunk` elements, as a transfer does.
+void CopyInChunks(const CopyConvertPlan& plan, int64_t chunk) {
+  for (int64_t begin = 0; begin < plan.num_elements(); begin += chunk) {
+    plan.CopyElements(begin, std::min(begin + chunk, plan.num_elements()));
   }
 }
 
@@ -141,12 +149,6 @@ TEST(CopyConvertTest, RandomStridedChunkedCopiesMatchReference) {
   }
 }
 
-}  // namespace
-}  // namespace ferry
-
-namespace ferry {
-namespace {
-
 // A byte-swapped source: the plan reverses each element (each complex part) as it reads, in the
 // same pass, whatever the strides, the conversion and the chunking. The reference swaps a native
 // copy first, with its own byte loop, then converts element by element.
@@ -166,8 +168,7 @@ TEST(CopyConvertTest, ByteSwappedSourcesAreReversedOnTheWay) {
                                transposed ? " transposed" : ""));
       const int64_t rows = 37, columns = 300;  // rows > the plan's 4 KiB swap block
       const int64_t size = DTypeSize(c.from);
-      const int64_t unit =
-          DTypeSize(c.from) / (GetDTypeInfo(c.from).kind == DTypeKind::kComplex ? 2 : 1);
+      const int64_t unit = ByteSwapUnit(c.from);
       std::vector<std::byte> stored = RandomBytes(rng, static_cast<size_t>(rows * columns * size));
       // Finite floats keep NaN payload rules out of the comparison: clear the top exponent bit
       // of each unit, which is the first stored byte of a big-endian unit.
@@ -195,10 +196,7 @@ TEST(CopyConvertTest, ByteSwappedSourcesAreReversedOnTheWay) {
       auto plan = CopyConvertPlan::Create(swapped, MutableHostView::Dense(got.data(), c.to, dims));
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_FALSE(plan->is_contiguous() && size > 1);
-      // In uneven chunks, as transfers run it.
-      for (int64_t begin = 0; begin < plan->num_elements(); begin += 1001) {
-        plan->CopyElements(begin, std::min(begin + 1001, plan->num_elements()));
-      }
+      CopyInChunks(*plan, 1001);  // uneven chunks
       EXPECT_EQ(got, want);
     }
   }
@@ -211,12 +209,6 @@ TEST(CopyConvertTest, ByteSwappedDestinationsAreRefused) {
   EXPECT_EQ(CopyConvert(HostView::Dense(&value, DType::kF32, {1}), dst).code(),
             absl::StatusCode::kInvalidArgument);
 }
-
-}  // namespace
-}  // namespace ferry
-
-namespace ferry {
-namespace {
 
 // Transposed same-dtype 4-byte views take whole 8x8 vector blocks (at the AVX2 level and above)
 // and the strided path for the columns left over; every shape and chunking must match the
@@ -236,20 +228,11 @@ TEST(CopyConvertTest, TransposedTilesMatchTheReferenceAtEveryEdge) {
       auto plan = CopyConvertPlan::Create(
           transposed, MutableHostView::Dense(got.data(), dtype, {rows, columns}));
       ASSERT_TRUE(plan.ok()) << plan.status();
-      const int64_t step = std::max<int64_t>(1, plan->num_elements() / 3 + 5);
-      for (int64_t begin = 0; begin < plan->num_elements(); begin += step) {
-        plan->CopyElements(begin, std::min(begin + step, plan->num_elements()));
-      }
+      CopyInChunks(*plan, plan->num_elements() / 3 + 5);
       EXPECT_EQ(got, want);
     }
   }
 }
-
-}  // namespace
-}  // namespace ferry
-
-namespace ferry {
-namespace {
 
 // Dense copies of a megabyte or more are streamed from the destination's first 64-byte boundary
 // on: every alignment of either side and every tail length must still copy every byte.
