@@ -28,7 +28,6 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
     return InvalidArgumentError(fmt::format("TransferToDevice: source {} is null", index));
   }
   Device* device = transfer.device;
-  if (device == nullptr) return InvalidArgumentError("TransferToDevice: no device given");
   const HostView& view = source->view();
   bool downcast = false;
   FERRY_ASSIGN_OR_RETURN(DType device_dtype,

@@ -13,7 +13,7 @@ namespace ferry::internal {
 
 struct DeviceTransfer {
   std::shared_ptr<const TensorSource> source;
-  Device* device = nullptr;
+  Device* device = nullptr;           // never null: TransferToDevice and Mesh check it first
   std::optional<DType> device_dtype;  // nullopt: the device's profile decides
 };
 
