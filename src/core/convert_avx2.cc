@@ -122,14 +122,10 @@ SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to) { return KernelFor<Avx
 
 namespace {
 
-// The classic in-register 8x8 transpose: interleave pairs of rows (unpack), then pairs of pairs
-// (shuffle), then swap the 128-bit halves (permute2f128).
-void Transpose8x8x4(const std::byte* src, int64_t src_column_stride, std::byte* dst,
-                    int64_t dst_row_stride) {
-  __m256 c[8];
-  for (int j = 0; j < 8; ++j) {
-    c[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(src + j * src_column_stride));
-  }
+// The classic in-register 8x8 transpose of eight rows of eight 4-byte elements: interleave pairs
+// of rows (unpack), then pairs of pairs (shuffle), then swap the 128-bit halves (permute2f128).
+// On return, c[i] holds what was column i.
+inline void Transpose8x8(__m256 c[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(c[0], c[1]);
   const __m256 t1 = _mm256_unpackhi_ps(c[0], c[1]);
   const __m256 t2 = _mm256_unpacklo_ps(c[2], c[3]);
@@ -146,18 +142,95 @@ void Transpose8x8x4(const std::byte* src, int64_t src_column_stride, std::byte* 
   const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
   const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
   const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
-  const __m256 r[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
-                       _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
-                       _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
-                       _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
-  for (int i = 0; i < 8; ++i) {
-    _mm256_storeu_ps(reinterpret_cast<float*>(dst + i * dst_row_stride), r[i]);
+  c[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  c[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  c[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  c[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+template <bool kStream>
+inline void Store8(std::byte* dst, __m256 lanes) {
+  if constexpr (kStream) {
+    _mm256_stream_ps(reinterpret_cast<float*>(dst), lanes);
+  } else {
+    _mm256_storeu_ps(reinterpret_cast<float*>(dst), lanes);
   }
 }
 
+// A 16x16 block as four 8x8 ones: for each half of the destination rows, the left and right
+// 8x8 blocks are transposed first, so that each destination row's 64 bytes are stored together.
+struct Avx2TransposeBlock {
+  template <bool kStream>
+  static void Transpose(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                        int64_t dst_row_stride) {
+    for (int64_t row_half = 0; row_half < 2; ++row_half) {
+      __m256 left[8];
+      __m256 right[8];
+      for (int64_t j = 0; j < 8; ++j) {
+        const std::byte* column = src + 32 * row_half;
+        left[j] = _mm256_loadu_ps(reinterpret_cast<const float*>(column + j * src_column_stride));
+        right[j] =
+            _mm256_loadu_ps(reinterpret_cast<const float*>(column + (j + 8) * src_column_stride));
+      }
+      Transpose8x8(left);
+      Transpose8x8(right);
+      for (int64_t i = 0; i < 8; ++i) {
+        std::byte* row = dst + (8 * row_half + i) * dst_row_stride;
+        Store8<kStream>(row, left[i]);
+        Store8<kStream>(row + 32, right[i]);
+      }
+    }
+  }
+  static void FenceStreams() { _mm_sfence(); }
+};
+
+// Every other 4-byte element: two 8-lane loads, the even lanes of each 128-bit half picked
+// (shuffle), then the 64-bit pairs put in order (permute4x64).
+struct Avx2GatherEveryOther4 {
+  static constexpr int64_t kSize = 4;
+  static constexpr int64_t kStepBytes = 32;
+  template <bool kStream>
+  static void Step(const std::byte* src, std::byte* dst) {
+    const __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+    const __m256 b = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 32));
+    const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    Store8<kStream>(dst, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even),
+                                                                _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+  static void FenceStreams() { _mm_sfence(); }
+};
+
+struct Avx2GatherEveryOther8 {
+  static constexpr int64_t kSize = 8;
+  static constexpr int64_t kStepBytes = 32;
+  template <bool kStream>
+  static void Step(const std::byte* src, std::byte* dst) {
+    const __m256d a = _mm256_loadu_pd(reinterpret_cast<const double*>(src));
+    const __m256d b = _mm256_loadu_pd(reinterpret_cast<const double*>(src + 32));
+    const __m256d even = _mm256_permute4x64_pd(_mm256_unpacklo_pd(a, b), _MM_SHUFFLE(3, 1, 2, 0));
+    Store8<kStream>(dst, _mm256_castpd_ps(even));
+  }
+  static void FenceStreams() { _mm_sfence(); }
+};
+
 }  // namespace
 
-TransposeBlockFn Avx2Transpose8x8x4() { return &Transpose8x8x4; }
+TransposeBandFn Avx2TransposeBand4() { return &TransposeBand<Avx2TransposeBlock>; }
+
+GatherEveryOtherFn Avx2GatherEveryOther(int64_t size) {
+  switch (size) {
+    case 4:
+      return &GatherEveryOther<Avx2GatherEveryOther4>;
+    case 8:
+      return &GatherEveryOther<Avx2GatherEveryOther8>;
+    default:
+      return nullptr;
+  }
+}
 
 }  // namespace ferry::convert_internal
 
@@ -165,7 +238,8 @@ TransposeBlockFn Avx2Transpose8x8x4() { return &Transpose8x8x4; }
 
 namespace ferry::convert_internal {
 SimdRowKernel Avx2RowKernel(SimdFloat, SimdFloat) { return nullptr; }
-TransposeBlockFn Avx2Transpose8x8x4() { return nullptr; }
+TransposeBandFn Avx2TransposeBand4() { return nullptr; }
+GatherEveryOtherFn Avx2GatherEveryOther(int64_t) { return nullptr; }
 }  // namespace ferry::convert_internal
 
 #endif

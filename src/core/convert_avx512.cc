@@ -10,12 +10,13 @@
 
 #if defined(__x86_64__)
 
-// GCC 12 reports -Wmaybe-uninitialized inside its own AVX-512 intrinsics, which start from
-// _mm512_undefined_*() (GCC bug 105593, fixed in later releases): the warning is about the header's
-// code.
+// GCC 12 reports -Wmaybe-uninitialized and -Wuninitialized inside its own AVX-512 intrinsics,
+// which start from _mm512_undefined_*() (GCC bug 105593, fixed in later releases): the warnings
+// are about the header's code.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #else
@@ -124,12 +125,116 @@ struct Avx512 {
 
 SimdRowKernel Avx512RowKernel(SimdFloat from, SimdFloat to) { return KernelFor<Avx512>(from, to); }
 
+namespace {
+
+template <bool kStream>
+inline void Store16(std::byte* dst, __m512 lanes) {
+  if constexpr (kStream) {
+    _mm512_stream_ps(reinterpret_cast<float*>(dst), lanes);
+  } else {
+    _mm512_storeu_ps(reinterpret_cast<float*>(dst), lanes);
+  }
+}
+
+// A 16x16 block of 4-byte elements in sixteen registers: interleave pairs of columns (32-bit
+// unpack), then pairs of pairs (64-bit unpack): u[4m + c] then holds, in its 128-bit lane L,
+// element 4L + c of columns 4m..4m+3. Two rounds of 128-bit lane shuffles gather each element's
+// four lanes into one register: destination row 4L + c.
+struct Avx512TransposeBlock {
+  template <bool kStream>
+  static void Transpose(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                        int64_t dst_row_stride) {
+    __m512 column[16];
+    for (int64_t j = 0; j < 16; ++j) {
+      column[j] = _mm512_loadu_ps(reinterpret_cast<const float*>(src + j * src_column_stride));
+    }
+    __m512 pairs[16];
+    for (int64_t j = 0; j < 16; j += 2) {
+      pairs[j] = _mm512_unpacklo_ps(column[j], column[j + 1]);
+      pairs[j + 1] = _mm512_unpackhi_ps(column[j], column[j + 1]);
+    }
+    __m512 quads[16];
+    for (int64_t m = 0; m < 16; m += 4) {
+      const __m512d a = _mm512_castps_pd(pairs[m]);
+      const __m512d b = _mm512_castps_pd(pairs[m + 1]);
+      const __m512d c = _mm512_castps_pd(pairs[m + 2]);
+      const __m512d d = _mm512_castps_pd(pairs[m + 3]);
+      quads[m] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      quads[m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      quads[m + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      quads[m + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int64_t c = 0; c < 4; ++c) {
+      // Lanes (0, 2) and (1, 3) of columns 0-3 and 4-7 (low), and of 8-11 and 12-15 (high).
+      const __m512 low_even = _mm512_shuffle_f32x4(quads[c], quads[4 + c], 0x88);
+      const __m512 low_odd = _mm512_shuffle_f32x4(quads[c], quads[4 + c], 0xDD);
+      const __m512 high_even = _mm512_shuffle_f32x4(quads[8 + c], quads[12 + c], 0x88);
+      const __m512 high_odd = _mm512_shuffle_f32x4(quads[8 + c], quads[12 + c], 0xDD);
+      Store16<kStream>(dst + c * dst_row_stride, _mm512_shuffle_f32x4(low_even, high_even, 0x88));
+      Store16<kStream>(dst + (4 + c) * dst_row_stride,
+                       _mm512_shuffle_f32x4(low_odd, high_odd, 0x88));
+      Store16<kStream>(dst + (8 + c) * dst_row_stride,
+                       _mm512_shuffle_f32x4(low_even, high_even, 0xDD));
+      Store16<kStream>(dst + (12 + c) * dst_row_stride,
+                       _mm512_shuffle_f32x4(low_odd, high_odd, 0xDD));
+    }
+  }
+  static void FenceStreams() { _mm_sfence(); }
+};
+
+// Every other element of 2, 4 or 8 bytes: two 64-byte loads, the even elements picked across
+// both by one two-source permute (VPERMT2W/D/Q), one 64-byte store.
+template <int64_t kElementSize>
+struct Avx512GatherEveryOtherN {
+  static constexpr int64_t kSize = kElementSize;
+  static constexpr int64_t kStepBytes = 64;
+  template <bool kStream>
+  static void Step(const std::byte* src, std::byte* dst) {
+    const __m512i a = _mm512_loadu_si512(src);
+    const __m512i b = _mm512_loadu_si512(src + 64);
+    __m512i even;
+    if constexpr (kElementSize == 2) {
+      even = _mm512_permutex2var_epi16(
+          a,
+          _mm512_set_epi16(62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28,
+                           26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0),
+          b);
+    } else if constexpr (kElementSize == 4) {
+      even = _mm512_permutex2var_epi32(
+          a, _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0), b);
+    } else {
+      even = _mm512_permutex2var_epi64(a, _mm512_set_epi64(14, 12, 10, 8, 6, 4, 2, 0), b);
+    }
+    Store16<kStream>(dst, _mm512_castsi512_ps(even));
+  }
+  static void FenceStreams() { _mm_sfence(); }
+};
+
+}  // namespace
+
+TransposeBandFn Avx512TransposeBand4() { return &TransposeBand<Avx512TransposeBlock>; }
+
+GatherEveryOtherFn Avx512GatherEveryOther(int64_t size) {
+  switch (size) {
+    case 2:
+      return &GatherEveryOther<Avx512GatherEveryOtherN<2>>;
+    case 4:
+      return &GatherEveryOther<Avx512GatherEveryOtherN<4>>;
+    case 8:
+      return &GatherEveryOther<Avx512GatherEveryOtherN<8>>;
+    default:
+      return nullptr;
+  }
+}
+
 }  // namespace ferry::convert_internal
 
 #else  // not x86-64
 
 namespace ferry::convert_internal {
 SimdRowKernel Avx512RowKernel(SimdFloat, SimdFloat) { return nullptr; }
+TransposeBandFn Avx512TransposeBand4() { return nullptr; }
+GatherEveryOtherFn Avx512GatherEveryOther(int64_t) { return nullptr; }
 }  // namespace ferry::convert_internal
 
 #endif

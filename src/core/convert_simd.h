@@ -35,13 +35,32 @@ using SimdRowKernel = void (*)(const std::byte* src, int64_t src_stride_bytes, s
 SimdRowKernel Avx2RowKernel(SimdFloat from, SimdFloat to);
 SimdRowKernel Avx512RowKernel(SimdFloat from, SimdFloat to);
 
-// Copies an 8x8 block of 4-byte elements (a bit copy: any 4-byte dtype) and transposes it:
-// element (i, j) is read at `src + j * src_column_stride + 4 * i` (so each source column is eight
-// consecutive elements) and written at `dst + i * dst_row_stride + 4 * j` (each destination row
-// eight consecutive elements). No alignment needed. nullptr on other architectures than x86-64;
-// call only when BestConvertKernelLevel() reaches kAvx2.
-using TransposeBlockFn = void (*)(const std::byte* src, int64_t src_column_stride, std::byte* dst,
-                                  int64_t dst_row_stride);
-TransposeBlockFn Avx2Transpose8x8x4();
+// Copies a band of `rows` x `columns` 4-byte elements (a bit copy: any 4-byte dtype) and transposes
+// it: element (i, j) is read at `src + j * src_column_stride + 4 * i` (each source column is `rows`
+// consecutive elements) and written at `dst + i * dst_row_stride + 4 * j`. `rows` and `columns`
+// must be multiples of kTransposeBlock. The source is read strip by strip, kTransposeBlock columns
+// at a time, each strip from its first row to its last (long runs the prefetchers follow), through
+// kTransposeBlock x kTransposeBlock blocks in vector registers; each block writes whole 64-byte
+// destination lines. With `stream`, those lines go out with non-temporal stores, which requires
+// `dst` and `dst_row_stride` to be multiples of 64, and the function fences before it returns.
+// No other alignment is needed. nullptr on other architectures than x86-64; call only when
+// BestConvertKernelLevel() reaches the level.
+inline constexpr int64_t kTransposeBlock = 16;
+using TransposeBandFn = void (*)(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                                 int64_t dst_row_stride, int64_t rows, int64_t columns,
+                                 bool stream);
+TransposeBandFn Avx2TransposeBand4();
+TransposeBandFn Avx512TransposeBand4();
+
+// Copies `count` elements of `size` bytes taken every other element: element i is read at
+// `src + 2 * size * i` and written at `dst + size * i` (the rows of a `[::2]` slice). With
+// `stream`, the destination's whole 64-byte lines go out with non-temporal stores (no alignment
+// needed: the ends are stored plainly), fenced before returning. The level's function for `size`,
+// or nullptr when the level has none for it (AVX2: 4 and 8; AVX-512: 2, 4 and 8) or on other
+// architectures than x86-64.
+using GatherEveryOtherFn = void (*)(const std::byte* src, std::byte* dst, int64_t count,
+                                    bool stream);
+GatherEveryOtherFn Avx2GatherEveryOther(int64_t size);
+GatherEveryOtherFn Avx512GatherEveryOther(int64_t size);
 
 }  // namespace ferry::convert_internal

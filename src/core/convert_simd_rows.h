@@ -19,6 +19,9 @@
 //       64-byte aligned, with non-temporal stores
 //   static void FenceStreams()                        -- orders the streamed lines (sfence)
 // Each conversion must give exactly what the scalar reference in convert.cc gives, lane by lane.
+//
+// The same-dtype loops at the end (transposed bands, every-other-element rows) take their own
+// small per-level structs, described where they are used.
 #pragma once
 
 #include <cstddef>
@@ -193,6 +196,61 @@ SimdRowKernel KernelFor(SimdFloat from, SimdFloat to) {
       return RowKernelTo<Isa, SimdFloat::kF64>(to);
   }
   return nullptr;
+}
+
+// TransposeBandFn (convert_simd.h) around a level's `Block::Transpose<kStream>(src,
+// src_column_stride, dst, dst_row_stride)`, which transposes one kTransposeBlock-square block.
+// Strip by strip of the source: the blocks of one strip go down its rows, so the strip's
+// kTransposeBlock columns are read as that many long sequential runs.
+template <typename Block, bool kStream>
+void TransposeBandLoop(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                       int64_t dst_row_stride, int64_t rows, int64_t columns) {
+  for (int64_t j = 0; j < columns; j += kTransposeBlock) {
+    for (int64_t i = 0; i < rows; i += kTransposeBlock) {
+      Block::template Transpose<kStream>(src + j * src_column_stride + 4 * i, src_column_stride,
+                                         dst + i * dst_row_stride + 4 * j, dst_row_stride);
+    }
+  }
+}
+
+template <typename Block>
+void TransposeBand(const std::byte* src, int64_t src_column_stride, std::byte* dst,
+                   int64_t dst_row_stride, int64_t rows, int64_t columns, bool stream) {
+  if (stream) {
+    TransposeBandLoop<Block, true>(src, src_column_stride, dst, dst_row_stride, rows, columns);
+    Block::FenceStreams();
+  } else {
+    TransposeBandLoop<Block, false>(src, src_column_stride, dst, dst_row_stride, rows, columns);
+  }
+}
+
+// GatherEveryOtherFn (convert_simd.h) around a level's `Gather::Step<kStream>(src, dst)`, which
+// writes Gather::kStepBytes (a divisor of 64) of destination from twice that of source, and
+// Gather::kSize, the element size. Streamed from the first 64-byte boundary of `dst`; the ends,
+// and a destination not aligned to the element size, are copied element by element.
+template <typename Gather>
+void GatherEveryOther(const std::byte* src, std::byte* dst, int64_t count, bool stream) {
+  constexpr int64_t kSize = Gather::kSize;
+  constexpr int64_t kStepElements = Gather::kStepBytes / kSize;
+  constexpr int64_t kLineElements = 64 / kSize;
+  const auto address = reinterpret_cast<uintptr_t>(dst);
+  int64_t i = 0;
+  if (stream && address % kSize == 0) {
+    const auto head = static_cast<int64_t>((64 - address % 64) % 64) / kSize;
+    if (head + kLineElements <= count) {
+      for (; i < head; ++i) std::memcpy(dst + i * kSize, src + 2 * i * kSize, kSize);
+      for (; i + kLineElements <= count; i += kLineElements) {
+        for (int64_t step = 0; step < kLineElements; step += kStepElements) {
+          Gather::template Step<true>(src + 2 * (i + step) * kSize, dst + (i + step) * kSize);
+        }
+      }
+      Gather::FenceStreams();
+    }
+  }
+  for (; i + kStepElements <= count; i += kStepElements) {
+    Gather::template Step<false>(src + 2 * i * kSize, dst + i * kSize);
+  }
+  for (; i < count; ++i) std::memcpy(dst + i * kSize, src + 2 * i * kSize, kSize);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "ferry/core/copy_convert.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -12,6 +13,12 @@
 namespace ferry {
 
 StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const MutableHostView& dst) {
+  FERRY_ASSIGN_OR_RETURN(const ConvertKernelLevel level, ActiveConvertKernelLevel());
+  return Create(src, dst, level);
+}
+
+StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const MutableHostView& dst,
+                                                  ConvertKernelLevel level) {
   if (src.dims != dst.dims) {
     return InvalidArgumentError(fmt::format("copy from dims [{}] into dims [{}]: the dims differ",
                                             fmt::join(src.dims, ","), fmt::join(dst.dims, ",")));
@@ -22,7 +29,7 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   if (!dst.IsNativeByteOrder()) {
     return InvalidArgumentError("copy-convert: the destination must be in the host's byte order");
   }
-  FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel, GetConvertKernel(src.dtype, dst.dtype));
+  FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel, GetConvertKernel(src.dtype, dst.dtype, level));
 
   CopyConvertPlan plan;
   plan.src_ = static_cast<const std::byte*>(src.data);
@@ -66,12 +73,23 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
       plan.tile_rows_ = std::min<int64_t>(kCacheLineBytes / outer_stride, plan.dims_[rank - 2]);
     }
   }
-  if (plan.tile_rows_ % 8 == 0 && src.dtype == dst.dtype && plan.swap_unit_ == 1 &&
-      DTypeSize(src.dtype) == 4 && plan.src_strides_[rank - 2] == 4 &&
-      plan.dst_strides_[rank - 1] == 4) {
-    StatusOr<ConvertKernelLevel> level = ActiveConvertKernelLevel();
-    if (level.ok() && *level >= ConvertKernelLevel::kAvx2) {
-      plan.transpose8x8_ = convert_internal::Avx2Transpose8x8x4();
+  const int64_t element_size = DTypeSize(src.dtype);
+  plan.stream_ = plan.num_elements_ * DTypeSize(dst.dtype) >= convert_internal::kStreamMinBytes;
+  const bool plain_copy = src.dtype == dst.dtype && plan.swap_unit_ == 1;
+  if (plain_copy && element_size == 4 && plan.tile_rows_ % convert_internal::kTransposeBlock == 0 &&
+      plan.src_strides_[rank - 2] == 4 && plan.dst_strides_[rank - 1] == 4) {
+    if (level >= ConvertKernelLevel::kAvx512) {
+      plan.transpose_band_ = convert_internal::Avx512TransposeBand4();
+    } else if (level >= ConvertKernelLevel::kAvx2) {
+      plan.transpose_band_ = convert_internal::Avx2TransposeBand4();
+    }
+  }
+  if (plain_copy && plan.src_strides_[rank - 1] == 2 * element_size &&
+      plan.dst_strides_[rank - 1] == element_size) {
+    if (level >= ConvertKernelLevel::kAvx512) {
+      plan.gather_every_other_ = convert_internal::Avx512GatherEveryOther(element_size);
+    } else if (level >= ConvertKernelLevel::kAvx2) {
+      plan.gather_every_other_ = convert_internal::Avx2GatherEveryOther(element_size);
     }
   }
   plan.is_contiguous_ = plan.dims_.size() == 1 && plan.src_strides_[0] == DTypeSize(src.dtype) &&
@@ -114,16 +132,21 @@ void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
 
   int64_t remaining = end - begin;
   while (true) {
-    if (tile_rows_ > 1 && column == 0 && remaining >= tile_rows_ * row &&
-        index[rank - 2] + tile_rows_ <= dims_[rank - 2]) {
-      CopyTile(src_row, dst_row);
-      remaining -= tile_rows_ * row;
-      if (remaining == 0) return;
-      for (int64_t i = 0; i < tile_rows_; ++i) advance_row();
-      continue;
+    if (tile_rows_ > 1 && column == 0) {
+      // As many whole tiles as the range holds before the tiled dim wraps around.
+      const int64_t tiles = std::min(remaining / (tile_rows_ * row),
+                                     (dims_[rank - 2] - index[rank - 2]) / tile_rows_);
+      if (tiles > 0) {
+        const int64_t rows = tiles * tile_rows_;
+        CopyTiles(src_row, dst_row, rows);
+        remaining -= rows * row;
+        if (remaining == 0) return;
+        for (int64_t i = 0; i < rows; ++i) advance_row();
+        continue;
+      }
     }
     const int64_t count = std::min(row - column, remaining);
-    CopyRun(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
+    CopyRow(src_ + src_row + column * src_step, src_step, dst_ + dst_row + column * dst_step,
             dst_step, count);
     remaining -= count;
     if (remaining == 0) return;
@@ -168,7 +191,29 @@ GatherBlockFn GatherBlockForSize(int64_t size) {
 
 }  // namespace
 
-void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
+void CopyConvertPlan::CopyTiles(int64_t src_offset, int64_t dst_offset, int64_t rows) const {
+  const size_t rank = dims_.size();
+  const int64_t row = dims_[rank - 1];
+  const int64_t src_step = src_strides_[rank - 1];
+  const int64_t dst_row_step = dst_strides_[rank - 2];
+  int64_t first_column = 0;
+  if (transpose_band_ != nullptr) {
+    // Whole blocks in vector registers; the columns left over go the tile way below.
+    first_column = row / convert_internal::kTransposeBlock * convert_internal::kTransposeBlock;
+    std::byte* dst = dst_ + dst_offset;
+    const bool aligned = reinterpret_cast<uintptr_t>(dst) % kCacheLineBytes == 0 &&
+                         dst_row_step % kCacheLineBytes == 0;
+    transpose_band_(src_ + src_offset, src_step, dst, dst_row_step, rows, first_column,
+                    stream_ && aligned);
+    if (first_column == row) return;
+  }
+  const int64_t src_row_step = src_strides_[rank - 2];
+  for (int64_t i = 0; i < rows; i += tile_rows_) {
+    CopyTile(src_offset + i * src_row_step, dst_offset + i * dst_row_step, first_column);
+  }
+}
+
+void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset, int64_t first_column) const {
   // tile_rows_ rows that lie next to each other in the source (their dim has a small source
   // stride: a transpose) are copied together, kTileColumns columns at a time: the block is first
   // gathered into a small buffer in L1 reading each source cache line once, down the columns,
@@ -180,17 +225,6 @@ void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
   const int64_t dst_step = dst_strides_[rank - 1];
   const int64_t src_row_step = src_strides_[rank - 2];
   const int64_t dst_row_step = dst_strides_[rank - 2];
-  int64_t first_column = 0;
-  if (transpose8x8_ != nullptr) {
-    // Whole 8x8 blocks in vector registers; the columns left over go the strided way below.
-    const int64_t whole = row / 8 * 8;
-    for (; first_column < whole; first_column += 8) {
-      for (int64_t i = 0; i < tile_rows_; i += 8) {
-        transpose8x8_(src_ + src_offset + i * src_row_step + first_column * src_step, src_step,
-                      dst_ + dst_offset + i * dst_row_step + first_column * dst_step, dst_row_step);
-      }
-    }
-  }
   if (src_dtype_ == dst_dtype_ && swap_unit_ == 1) {
     // A plain copy: the strided copy kernel straight from the source, row by row, kCopyTileColumns
     // columns at a time (measured faster here than gathering first: the gather only pays off when
@@ -208,7 +242,7 @@ void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
   // tile_rows_ <= kCacheLineBytes (1-byte elements); elements are at most 16 bytes.
   alignas(64) std::byte block[kCacheLineBytes * kTileColumns * 16];
   const GatherBlockFn gather = GatherBlockForSize(element_size);
-  for (int64_t column = 0; column < row; column += kTileColumns) {
+  for (int64_t column = first_column; column < row; column += kTileColumns) {
     const int64_t count = std::min(kTileColumns, row - column);
     gather(src_ + src_offset + column * src_step, src_row_step, src_step, tile_rows_, count, block,
            kTileColumns);
@@ -217,6 +251,15 @@ void CopyConvertPlan::CopyTile(int64_t src_offset, int64_t dst_offset) const {
               dst_ + dst_offset + i * dst_row_step + column * dst_step, dst_step, count);
     }
   }
+}
+
+void CopyConvertPlan::CopyRow(const std::byte* src, int64_t src_step, std::byte* dst,
+                              int64_t dst_step, int64_t count) const {
+  if (gather_every_other_ != nullptr) {  // Create checked the steps
+    gather_every_other_(src, dst, count, stream_);
+    return;
+  }
+  CopyRun(src, src_step, dst, dst_step, count);
 }
 
 void CopyConvertPlan::CopyRun(const std::byte* src, int64_t src_step, std::byte* dst,

@@ -5,9 +5,13 @@
 #include <cstring>
 #include <iostream>
 #include <random>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "gtest/gtest.h"
 #include "src/core/byte_swap.h"
 
@@ -210,9 +214,9 @@ TEST(CopyConvertTest, ByteSwappedDestinationsAreRefused) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Transposed same-dtype 4-byte views take whole 8x8 vector blocks (at the AVX2 level and above)
+// Transposed same-dtype 4-byte views take whole 16x16 vector blocks (at the AVX2 level and above)
 // and the strided path for the columns left over; every shape and chunking must match the
-// reference, edges included.
+// reference, edges included (CopyConvertLevelTest below runs the same paths at every level).
 TEST(CopyConvertTest, TransposedTilesMatchTheReferenceAtEveryEdge) {
   std::mt19937_64 rng(77);
   for (const DType dtype : {DType::kF32, DType::kS32, DType::kF64, DType::kF16}) {
@@ -259,6 +263,110 @@ TEST(CopyConvertTest, LongDenseCopiesAreExactAtEveryAlignment) {
     }
   }
 }
+
+// The same-dtype vector paths of a plan, at each kernel level whatever FERRY_CONVERT_KERNELS says:
+// transposed bands of 4-byte elements (16x16 blocks in registers) and rows read every other
+// element (a [::2] slice), both streamed once the destination reaches a megabyte. Each copy must
+// give the reference's bytes and write nothing outside its destination.
+class CopyConvertLevelTest : public testing::TestWithParam<ConvertKernelLevel> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > BestConvertKernelLevel()) {
+      const StatusOr<CopyConvertPlan> refused =
+          CopyConvertPlan::Create(HostView::Dense(nullptr, DType::kF32, {0}),
+                                  MutableHostView::Dense(nullptr, DType::kF32, {0}), GetParam());
+      ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+      GTEST_SKIP() << "this CPU lacks the " << ConvertKernelLevelName(GetParam())
+                   << " level: " << refused.status().message();
+    }
+  }
+
+  // Copies `src` with a plan at this level, `chunk` elements at a time, into a dense destination
+  // placed `dst_shift` bytes into a buffer of guard bytes.
+  void ExpectCopyMatchesReference(const HostView& src, int64_t dst_shift, int64_t chunk) {
+    SCOPED_TRACE(fmt::format("{} dims [{}] strides [{}] dst+{} chunk {}", DTypeName(src.dtype),
+                             fmt::join(src.dims, ","), fmt::join(src.byte_strides, ","), dst_shift,
+                             chunk));
+    constexpr std::byte kGuard{0x5A};
+    const int64_t bytes = src.num_elements() * DTypeSize(src.dtype);
+    std::vector<std::byte> want(static_cast<size_t>(bytes));
+    ReferenceCopy(src, MutableHostView::Dense(want.data(), src.dtype, src.dims));
+    // 64-byte aligned storage, so that a shift of 0 is a streamable destination.
+    std::vector<std::byte> storage(static_cast<size_t>(bytes + dst_shift + 192), kGuard);
+    const auto misalignment = reinterpret_cast<uintptr_t>(storage.data()) % 64;
+    std::byte* const base = storage.data() + (64 - misalignment) % 64;
+    std::byte* const dst = base + dst_shift;
+    StatusOr<CopyConvertPlan> plan =
+        CopyConvertPlan::Create(src, MutableHostView::Dense(dst, src.dtype, src.dims), GetParam());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    CopyInChunks(*plan, chunk);
+    EXPECT_EQ(0, std::memcmp(dst, want.data(), static_cast<size_t>(bytes)));
+    EXPECT_TRUE(std::all_of(storage.data(), dst, [&](std::byte b) { return b == kGuard; }))
+        << "a byte before the destination was written";
+    EXPECT_TRUE(std::all_of(dst + bytes, storage.data() + storage.size(), [&](std::byte b) {
+      return b == kGuard;
+    })) << "a byte after the destination was written";
+  }
+
+  std::mt19937_64 rng_{std::hash<std::string_view>{}(ConvertKernelLevelName(GetParam()))};
+};
+
+TEST_P(CopyConvertLevelTest, TransposedBandsMatchTheReference) {
+  for (const DType dtype : {DType::kF32, DType::kS32, DType::kF64, DType::kBF16}) {
+    const int64_t size = DTypeSize(dtype);
+    // Whole blocks, ragged edges, fewer rows than a block, and one over a megabyte (streamed).
+    for (const auto& [rows, columns] : std::vector<std::pair<int64_t, int64_t>>{
+             {16, 16}, {32, 48}, {17, 33}, {48, 35}, {15, 64}, {1040, 272}}) {
+      if (rows * columns * size > (int64_t{1} << 20) && dtype != DType::kF32) continue;
+      // A (columns x rows) row-major tensor, viewed transposed as (rows x columns).
+      std::vector<std::byte> stored = RandomBytes(rng_, static_cast<size_t>(rows * columns * size));
+      const HostView transposed(stored.data(), dtype, {rows, columns}, {size, rows * size});
+      const int64_t elements = rows * columns;
+      for (const int64_t dst_shift : {int64_t{0}, size, int64_t{64}}) {
+        ExpectCopyMatchesReference(transposed, dst_shift, elements);
+      }
+      // Chunks that start and end inside rows and inside bands.
+      ExpectCopyMatchesReference(transposed, 0, elements / 3 + 5);
+      ExpectCopyMatchesReference(transposed, 0, 16 * columns + 1);
+    }
+  }
+  // A batch of transposed matrices (rank 3), and a transpose read backwards along its rows.
+  std::vector<std::byte> stored = RandomBytes(rng_, 3 * 48 * 64 * 4);
+  ExpectCopyMatchesReference(
+      HostView(stored.data(), DType::kF32, {3, 48, 64}, {48 * 64 * 4, 4, 48 * 4}), 0, 3 * 48 * 64);
+  ExpectCopyMatchesReference(
+      HostView(stored.data() + 63 * 48 * 4, DType::kF32, {48, 64}, {4, -48 * 4}), 0, 48 * 64);
+}
+
+TEST_P(CopyConvertLevelTest, EveryOtherElementRowsMatchTheReference) {
+  for (const DType dtype :
+       {DType::kU8, DType::kF16, DType::kBF16, DType::kF32, DType::kF64, DType::kC128}) {
+    const int64_t size = DTypeSize(dtype);
+    for (const auto& [rows, columns] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 7}, {5, 16}, {4, 33}, {2, 1000}, {1, 150000}, {300, 1100}}) {
+      if (rows * columns * size > (int64_t{1} << 20) && size != 4) continue;
+      // x[::2, ::2] of a (2 rows x 2 columns) tensor, and x[:, ::2] of a (rows x 2 columns) one.
+      std::vector<std::byte> stored =
+          RandomBytes(rng_, static_cast<size_t>(4 * rows * columns * size));
+      const HostView every_other_row(stored.data(), dtype, {rows, columns},
+                                     {4 * columns * size, 2 * size});
+      const HostView every_row(stored.data() + size, dtype, {rows, columns},
+                               {2 * columns * size, 2 * size});
+      for (const int64_t dst_shift : {int64_t{0}, size, int64_t{60}}) {
+        ExpectCopyMatchesReference(every_other_row, dst_shift, rows * columns);
+      }
+      ExpectCopyMatchesReference(every_row, 0, rows * columns);
+      ExpectCopyMatchesReference(every_other_row, 0, columns / 2 + 3);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, CopyConvertLevelTest,
+                         testing::Values(ConvertKernelLevel::kPortable, ConvertKernelLevel::kAvx2,
+                                         ConvertKernelLevel::kAvx512),
+                         [](const testing::TestParamInfo<ConvertKernelLevel>& info) {
+                           return std::string(ConvertKernelLevelName(info.param));
+                         });
 
 }  // namespace
 }  // namespace ferry

@@ -27,6 +27,10 @@ class CopyConvertPlan {
   // that are contiguous together in both views are collapsed and size-1 dims dropped before the
   // loop is chosen.
   static StatusOr<CopyConvertPlan> Create(const HostView& src, const MutableHostView& dst);
+  // The same with the kernels of a chosen level instead of ActiveConvertKernelLevel() (tests and
+  // benchmarks): FailedPrecondition for a level above BestConvertKernelLevel().
+  static StatusOr<CopyConvertPlan> Create(const HostView& src, const MutableHostView& dst,
+                                          ConvertKernelLevel level);
 
   int64_t num_elements() const { return num_elements_; }
   // Elements in one innermost row of the collapsed loop (a chunk boundary that is a multiple of
@@ -48,8 +52,15 @@ class CopyConvertPlan {
   static constexpr int64_t kTileColumns = 16;     // converting tiles (gathered first)
   static constexpr int64_t kCopyTileColumns = 8;  // same-dtype tiles (strided copy)
 
-  // Copies tile_rows_ whole rows starting at these byte offsets, column block by column block.
-  void CopyTile(int64_t src_offset, int64_t dst_offset) const;
+  // Copies `rows` whole rows (a multiple of tile_rows_) starting at these byte offsets: a
+  // transposed band where the level has one, the columns it leaves through CopyTile.
+  void CopyTiles(int64_t src_offset, int64_t dst_offset, int64_t rows) const;
+  // Copies tile_rows_ whole rows starting at these byte offsets, from column `first_column` on,
+  // column block by column block.
+  void CopyTile(int64_t src_offset, int64_t dst_offset, int64_t first_column) const;
+  // One innermost run: the every-other-element gather where it applies, else CopyRun.
+  void CopyRow(const std::byte* src, int64_t src_step, std::byte* dst, int64_t dst_step,
+               int64_t count) const;
   // The kernel over `count` elements; for a byte-swapped source, block by block through a small
   // buffer in which each block is first reversed.
   void CopyRun(const std::byte* src, int64_t src_step, std::byte* dst, int64_t dst_step,
@@ -65,9 +76,17 @@ class CopyConvertPlan {
   bool is_contiguous_ = false;
   int64_t tile_rows_ = 1;  // > 1: rows are copied in tiles of this many (see CopyTile)
   int64_t swap_unit_ = 1;  // > 1: the source is byte-swapped in units of this many bytes
-  // A vector 8x8 transpose for same-dtype tiles of 4-byte elements whose rows are contiguous in
-  // the source and columns contiguous in the destination; null when unavailable or unfit.
-  void (*transpose8x8_)(const std::byte*, int64_t, std::byte*, int64_t) = nullptr;
+  // Destination lines go out with non-temporal stores where a same-dtype vector path writes whole
+  // ones: the destination is at least kStreamMinBytes (convert_simd.h) in all.
+  bool stream_ = false;
+  // A vector transpose of bands of 4-byte elements for same-dtype tiles whose rows are contiguous
+  // in the source and whose columns are contiguous in the destination; null when the level has
+  // none or the views do not fit.
+  void (*transpose_band_)(const std::byte*, int64_t, std::byte*, int64_t, int64_t, int64_t,
+                          bool) = nullptr;
+  // A vector gather for same-dtype rows read every other element (a [::2] slice) into dense
+  // destination rows; null when the level has none or the views do not fit.
+  void (*gather_every_other_)(const std::byte*, std::byte*, int64_t, bool) = nullptr;
   // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
   absl::InlinedVector<int64_t, 6> dims_;
   absl::InlinedVector<int64_t, 6> src_strides_;
