@@ -4,8 +4,9 @@
 //   ferry   the library path (TransferToDevice + AwaitReady, or TransferFromDevice);
 //   memcpy  one std::memcpy, on one thread, of as many bytes as the case reads, into a
 //           pre-touched destination (the yardstick of DESIGN.md's performance model);
-//   staged  the old path, written out here: a full-size contiguous temporary, freshly allocated,
-//           filled by ferry::CopyConvert on one thread, then a dense same-dtype transfer.
+//   staged  the old path, written out in transfer_paths.cc: a full-size contiguous temporary,
+//           freshly allocated, filled row by row by the portable kernel on one thread, then a
+//           dense same-dtype transfer.
 // See bench/README.md for the cases and the columns.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -545,7 +546,7 @@ Status WarmUpAndVerifyAgainstSources(PreparedCase& prepared, absl::Span<Device* 
 }
 
 // Runs both paths once, untimed, and checks that the ferry path made the same bytes as the
-// staged path (which is a plain CopyConvert): a wrong fast result is no result.
+// staged path (the portable kernel, row by row): a wrong fast result is no result.
 Status WarmUpAndVerify(PreparedCase& prepared, absl::Span<Device* const> device) {
   if (prepared.staged == nullptr) return WarmUpAndVerifyAgainstSources(prepared, device);
   const int64_t device_before = DeviceBytesInUse(device);

@@ -1,5 +1,10 @@
 #include "transfer_paths.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
@@ -34,6 +39,82 @@ class H2DFerryPath : public Path {
   std::vector<DataPtr> handles_;
 };
 
+// The old path's temporary: plain heap memory (std::aligned_alloc, 2 MiB-aligned and advised
+// MADV_HUGEPAGE from 2 MiB on, as numpy does for its large arrays), allocated and freed every run.
+// Not a HostTensor: ferry's freed-memory cache would hand back last run's pages already faulted in,
+// and the old path had no such cache. glibc maps a block this large afresh every time, so its
+// pages are zeroed by the kernel on first touch, as for any new array a framework allocates.
+class OldTemporary {
+ public:
+  static StatusOr<OldTemporary> Allocate(DType dtype, absl::Span<const int64_t> dims) {
+    constexpr size_t kHugePage = size_t{2} << 20;
+    OldTemporary temporary;
+    const int64_t elements = HostView::Dense(nullptr, dtype, dims).num_elements();
+    const auto bytes = static_cast<size_t>(elements * DTypeSize(dtype));
+    const size_t alignment = bytes >= kHugePage ? kHugePage : 64;
+    const size_t rounded = (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
+    temporary.memory_.reset(static_cast<std::byte*>(std::aligned_alloc(alignment, rounded)));
+    if (temporary.memory_ == nullptr) {
+      return ResourceExhaustedError(fmt::format("no memory for a {}-byte temporary", bytes));
+    }
+    if (alignment == kHugePage) madvise(temporary.memory_.get(), rounded, MADV_HUGEPAGE);
+    temporary.view_ = MutableHostView::Dense(temporary.memory_.get(), dtype, dims);
+    temporary.bytes_ = static_cast<int64_t>(rounded);
+    return temporary;
+  }
+
+  const MutableHostView& view() const { return view_; }
+
+  // A source borrowing the temporary, which it then owns (freed with the source).
+  static StatusOr<std::shared_ptr<const TensorSource>> ToSource(OldTemporary temporary,
+                                                                std::string name) {
+    const std::byte* begin = temporary.memory_.get();
+    const int64_t size = temporary.bytes_;
+    const HostView view = temporary.view_;
+    auto owner = std::make_shared<OldTemporary>(std::move(temporary));
+    return TensorSource::Borrow(view, begin, size, std::move(owner), std::move(name));
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* memory) const { std::free(memory); }
+  };
+  std::unique_ptr<std::byte[], Free> memory_;
+  MutableHostView view_;
+  int64_t bytes_ = 0;
+};
+
+// The old copy-convert, as the foundation's CopyConvert did it and as numpy's copy loops do: the
+// destination in row-major order, one innermost row at a time through the portable kernel, which
+// reads the source with its own strides. No tiles, no vector kernels, one thread.
+Status OldCopyConvert(const HostView& src, const MutableHostView& dst) {
+  FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel,
+                         GetConvertKernel(src.dtype, dst.dtype, ConvertKernelLevel::kPortable));
+  const int64_t elements = src.num_elements();
+  if (elements == 0) return OkStatus();
+  const size_t rank = src.dims.size();
+  if (rank == 0) {
+    kernel(static_cast<const std::byte*>(src.data), 0, static_cast<std::byte*>(dst.data), 0, 1);
+    return OkStatus();
+  }
+  const int64_t row = src.dims[rank - 1];
+  std::vector<int64_t> index(rank, 0);
+  int64_t src_offset = 0, dst_offset = 0;
+  for (int64_t done = 0; done < elements; done += row) {
+    kernel(static_cast<const std::byte*>(src.data) + src_offset, src.byte_strides[rank - 1],
+           static_cast<std::byte*>(dst.data) + dst_offset, dst.byte_strides[rank - 1], row);
+    for (size_t d = rank - 1; d-- > 0;) {  // the odometer over the outer dims
+      src_offset += src.byte_strides[d];
+      dst_offset += dst.byte_strides[d];
+      if (++index[d] < src.dims[d]) break;
+      src_offset -= src.dims[d] * src.byte_strides[d];
+      dst_offset -= src.dims[d] * dst.byte_strides[d];
+      index[d] = 0;
+    }
+  }
+  return OkStatus();
+}
+
 class H2DStagedPath : public Path {
  public:
   H2DStagedPath(std::vector<std::shared_ptr<const TensorSource>> sources, Device* device,
@@ -48,10 +129,12 @@ class H2DStagedPath : public Path {
     options.device_dtypes.assign(device_dtypes_.begin(), device_dtypes_.end());
     for (size_t i = 0; i < sources_.size(); ++i) {
       const HostView& view = sources_[i]->view();
-      FERRY_ASSIGN_OR_RETURN(HostTensor temporary,
-                             HostTensor::Allocate(device_dtypes_[i], view.dims));
-      FERRY_RETURN_IF_ERROR(CopyConvert(view, temporary.mutable_view()));
-      staged.push_back(TensorSource::FromHostTensor(std::move(temporary), sources_[i]->name()));
+      FERRY_ASSIGN_OR_RETURN(OldTemporary temporary,
+                             OldTemporary::Allocate(device_dtypes_[i], view.dims));
+      FERRY_RETURN_IF_ERROR(OldCopyConvert(view, temporary.view()));
+      FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const TensorSource> source,
+                             OldTemporary::ToSource(std::move(temporary), sources_[i]->name()));
+      staged.push_back(std::move(source));
     }
     FERRY_ASSIGN_OR_RETURN(handles_, TransferToDevice(staged, device_, options));
     return AwaitReady(handles_);  // `staged` frees the temporaries on the way out
@@ -89,22 +172,49 @@ class D2HFerryPath : public Path {
   std::vector<HostTensor> results_;
 };
 
-class D2HStagedPath : public D2HFerryPath {
+// Copies old-path results (fresh temporaries) into host tensors for the correctness check.
+StatusOr<std::vector<HostTensor>> OldResultsOnHost(std::vector<OldTemporary> results) {
+  std::vector<HostTensor> tensors;
+  for (const OldTemporary& result : results) {
+    const MutableHostView& view = result.view();
+    FERRY_ASSIGN_OR_RETURN(HostTensor tensor, HostTensor::Allocate(view.dtype, view.dims));
+    std::memcpy(tensor.data(), view.data, static_cast<size_t>(tensor.size_bytes()));
+    tensors.push_back(std::move(tensor));
+  }
+  return tensors;
+}
+
+int64_t OldResultBytes(const std::vector<OldTemporary>& results) {
+  int64_t bytes = 0;
+  for (const OldTemporary& result : results) bytes += result.view().dense_size_bytes();
+  return bytes;
+}
+
+class D2HStagedPath : public Path {
  public:
-  using D2HFerryPath::D2HFerryPath;
+  explicit D2HStagedPath(std::vector<DataPtr> data) : data_(std::move(data)) {}
 
   Status Run() override {
     results_.clear();
     FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> in_device_dtype,
                            TransferFromDevice(data_, {.in_device_dtype = true}));
     for (size_t i = 0; i < data_.size(); ++i) {
-      FERRY_ASSIGN_OR_RETURN(HostTensor result,
-                             HostTensor::Allocate(data_[i]->logical_dtype(), data_[i]->dims()));
-      FERRY_RETURN_IF_ERROR(CopyConvert(in_device_dtype[i].view(), result.mutable_view()));
+      FERRY_ASSIGN_OR_RETURN(OldTemporary result,
+                             OldTemporary::Allocate(data_[i]->logical_dtype(), data_[i]->dims()));
+      FERRY_RETURN_IF_ERROR(OldCopyConvert(in_device_dtype[i].view(), result.view()));
       results_.push_back(std::move(result));
     }
     return OkStatus();  // `in_device_dtype` is freed on the way out
   }
+  int64_t ResultHostBytes() const override { return OldResultBytes(results_); }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    return OldResultsOnHost(std::move(results_));
+  }
+  void Release() override { results_.clear(); }
+
+ private:
+  const std::vector<DataPtr> data_;
+  std::vector<OldTemporary> results_;
 };
 
 TransferToDeviceOptions BenchOptions() {
@@ -146,12 +256,14 @@ class ShardedH2DStagedPath : public Path {
     const TransferToDeviceOptions options = BenchOptions();
     for (size_t i = 0; i < indices.size(); ++i) {
       const HostView shard = SubView(view, indices[i]);
-      FERRY_ASSIGN_OR_RETURN(HostTensor temporary, HostTensor::Allocate(view.dtype, shard.dims));
-      FERRY_RETURN_IF_ERROR(CopyConvert(shard, temporary.mutable_view()));
+      FERRY_ASSIGN_OR_RETURN(OldTemporary temporary,
+                             OldTemporary::Allocate(view.dtype, shard.dims));
+      FERRY_RETURN_IF_ERROR(OldCopyConvert(shard, temporary.view()));
+      FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const TensorSource> staged,
+                             OldTemporary::ToSource(std::move(temporary), source_->name()));
       FERRY_ASSIGN_OR_RETURN(
           std::vector<DataPtr> data,
-          TransferToDevice({TensorSource::FromHostTensor(std::move(temporary), source_->name())},
-                           sharding_.mesh().devices()[i], options));
+          TransferToDevice({std::move(staged)}, sharding_.mesh().devices()[i], options));
       handles_.push_back(std::move(data[0]));  // the temporary is freed here
     }
     return AwaitReady(handles_);
@@ -187,27 +299,35 @@ class AssembleShardsPath : public Path {
   }
   void Release() override { result_.reset(); }
 
- protected:
+ private:
   const ShardedDataPtr data_;
   std::optional<HostTensor> result_;
 };
 
-class LocalShardsStagedPath : public AssembleShardsPath {
+class LocalShardsStagedPath : public Path {
  public:
-  using AssembleShardsPath::AssembleShardsPath;
+  explicit LocalShardsStagedPath(ShardedDataPtr data) : data_(std::move(data)) {}
 
   Status Run() override {
-    result_.reset();
+    results_.clear();
     FERRY_ASSIGN_OR_RETURN(std::vector<LocalShard> shards, LocalShards(*data_));
-    FERRY_ASSIGN_OR_RETURN(HostTensor whole,
-                           HostTensor::Allocate(data_->logical_dtype(), data_->global_dims()));
-    const MutableHostView whole_view = whole.mutable_view();
+    FERRY_ASSIGN_OR_RETURN(OldTemporary whole,
+                           OldTemporary::Allocate(data_->logical_dtype(), data_->global_dims()));
     for (const LocalShard& shard : shards) {
-      FERRY_RETURN_IF_ERROR(CopyConvert(shard.data.view(), SubView(whole_view, shard.index)));
+      FERRY_RETURN_IF_ERROR(OldCopyConvert(shard.data.view(), SubView(whole.view(), shard.index)));
     }
-    result_ = std::move(whole);
+    results_.push_back(std::move(whole));
     return OkStatus();  // `shards` is freed on the way out
   }
+  int64_t ResultHostBytes() const override { return OldResultBytes(results_); }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    return OldResultsOnHost(std::move(results_));
+  }
+  void Release() override { results_.clear(); }
+
+ private:
+  const ShardedDataPtr data_;
+  std::vector<OldTemporary> results_;
 };
 
 class RawClWritePath : public Path {

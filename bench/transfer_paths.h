@@ -41,18 +41,20 @@ class Path {
 std::unique_ptr<Path> MakeH2DFerryPath(std::vector<std::shared_ptr<const TensorSource>> sources,
                                        Device* device, TransferToDeviceOptions options);
 
-// The old path: per source, a fresh dense temporary of `device_dtypes[i]` (allocated every run),
-// filled by CopyConvert on the calling thread; then TransferToDevice of the temporaries with the
-// same device dtypes, AwaitReady, and the temporaries freed before Run() returns.
+// The old path ("staged" in bench/README.md): per source, a fresh dense temporary of
+// `device_dtypes[i]` (plain heap memory allocated every run, not ferry's cached HostTensor memory),
+// filled on the calling thread by the old copy-convert (row by row, the portable kernel, no
+// tiles); then TransferToDevice of the temporaries with the same device dtypes, AwaitReady, and
+// the temporaries freed before Run() returns.
 std::unique_ptr<Path> MakeH2DStagedPath(std::vector<std::shared_ptr<const TensorSource>> sources,
                                         Device* device, std::vector<DType> device_dtypes);
 
 // TransferFromDevice(data): each tensor in its logical dtype.
 std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data);
 
-// The old path: TransferFromDevice in the device dtype, then a new buffer of the logical dtype
-// filled by CopyConvert on the calling thread (a plain copy when the dtypes are equal); the
-// device-dtype copies are freed before Run() returns.
+// The old path: TransferFromDevice in the device dtype, then a fresh temporary of the logical
+// dtype filled by the old copy-convert on the calling thread (a plain copy when the dtypes are
+// equal); the device-dtype copies are freed before Run() returns.
 std::unique_ptr<Path> MakeD2HStagedPath(std::vector<DataPtr> data);
 
 // TransferShardsToDevice(source, sharding) (kBenchSemantics, the source's dtype) then AwaitReady
@@ -61,7 +63,7 @@ std::unique_ptr<Path> MakeShardedH2DFerryPath(std::shared_ptr<const TensorSource
                                               Sharding sharding);
 
 // The old path of a sharded put: per shard, in mesh order, a fresh dense temporary of the shard's
-// dims filled by CopyConvert from the shard's SubView of the source on the calling thread, then
+// dims filled by the old copy-convert from the shard's SubView of the source, then
 // TransferToDevice of that temporary to the shard's device (kBenchSemantics: the call has read it
 // when it returns, so the temporary is freed before the next shard's); AwaitReady on all shards
 // at the end.
@@ -71,8 +73,8 @@ std::unique_ptr<Path> MakeShardedH2DStagedPath(std::shared_ptr<const TensorSourc
 // AssembleShards(data): one host tensor of the global dims, each shard read into its place.
 std::unique_ptr<Path> MakeAssembleShardsPath(ShardedDataPtr data);
 
-// The old path: LocalShards(data) (each shard into a tensor of its own), then a new tensor of the
-// global dims and each shard copied into its SubView with CopyConvert on the calling thread; the
+// The old path: LocalShards(data) (each shard into a tensor of its own), then a fresh temporary
+// of the global dims and each shard copied into its SubView with the old copy-convert; the
 // per-shard tensors are freed before Run() returns.
 std::unique_ptr<Path> MakeLocalShardsStagedPath(ShardedDataPtr data);
 
