@@ -52,13 +52,15 @@ using TransposeBandFn = void (*)(const std::byte* src, int64_t src_column_stride
 TransposeBandFn Avx2TransposeBand4();
 TransposeBandFn Avx512TransposeBand4();
 
-// Copies `count` elements of `size` bytes taken every other element: element i is read at
-// `src + 2 * size * i` and written at `dst + size * i` (the rows of a `[::2]` slice). With
-// `stream`, the destination's whole 64-byte lines go out with non-temporal stores (no alignment
-// needed: the ends are stored plainly), fenced before returning. The level's function for `size`,
-// or nullptr when the level has none for it (AVX2: 4 and 8; AVX-512: 2, 4 and 8) or on other
-// architectures than x86-64.
-using GatherEveryOtherFn = void (*)(const std::byte* src, std::byte* dst, int64_t count,
+// Copies `rows` rows of `count` elements of `size` bytes taken every other element: element i
+// of row r is read at `src + r * src_row_stride + 2 * size * i` and written at
+// `dst + r * dst_row_stride + size * i` (the rows of a `[::2]` slice). With `stream`, the
+// destination's whole 64-byte lines go out with non-temporal stores (no alignment needed: the
+// ends are stored plainly), fenced before returning. The level's function for `size`, or nullptr
+// when the level has none for it (AVX2: 4 and 8; AVX-512: 2, 4 and 8) or on other architectures
+// than x86-64.
+using GatherEveryOtherFn = void (*)(const std::byte* src, int64_t src_row_stride, std::byte* dst,
+                                    int64_t dst_row_stride, int64_t rows, int64_t count,
                                     bool stream);
 GatherEveryOtherFn Avx2GatherEveryOther(int64_t size);
 GatherEveryOtherFn Avx512GatherEveryOther(int64_t size);

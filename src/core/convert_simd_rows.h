@@ -226,31 +226,65 @@ void TransposeBand(const std::byte* src, int64_t src_column_stride, std::byte* d
 
 // GatherEveryOtherFn (convert_simd.h) around a level's `Gather::Step<kStream>(src, dst)`, which
 // writes Gather::kStepBytes (a divisor of 64) of destination from twice that of source, and
-// Gather::kSize, the element size. Streamed from the first 64-byte boundary of `dst`; the ends,
-// and a destination not aligned to the element size, are copied element by element.
-template <typename Gather>
-void GatherEveryOther(const std::byte* src, std::byte* dst, int64_t count, bool stream) {
+// Gather::kSize, the element size. kRows rows at once, interleaved step by step (two read streams
+// per core keep more lines in flight than one); their destinations must lie at the same offset
+// from a 64-byte boundary. Streamed from that boundary on; the ends, and a destination not aligned
+// to the element size, are copied element by element.
+template <typename Gather, int64_t kRows>
+void GatherEveryOtherLines(const std::byte* const* src, std::byte* const* dst, int64_t count,
+                           bool stream) {
   constexpr int64_t kSize = Gather::kSize;
   constexpr int64_t kStepElements = Gather::kStepBytes / kSize;
   constexpr int64_t kLineElements = 64 / kSize;
-  const auto address = reinterpret_cast<uintptr_t>(dst);
+  const auto address = reinterpret_cast<uintptr_t>(dst[0]);
   int64_t i = 0;
+  auto copy_elements = [&](int64_t end) {
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t e = i; e < end; ++e)
+        std::memcpy(dst[r] + e * kSize, src[r] + 2 * e * kSize, kSize);
+    }
+    i = end;
+  };
   if (stream && address % kSize == 0) {
     const auto head = static_cast<int64_t>((64 - address % 64) % 64) / kSize;
     if (head + kLineElements <= count) {
-      for (; i < head; ++i) std::memcpy(dst + i * kSize, src + 2 * i * kSize, kSize);
+      copy_elements(head);
       for (; i + kLineElements <= count; i += kLineElements) {
         for (int64_t step = 0; step < kLineElements; step += kStepElements) {
-          Gather::template Step<true>(src + 2 * (i + step) * kSize, dst + (i + step) * kSize);
+          for (int64_t r = 0; r < kRows; ++r) {
+            Gather::template Step<true>(src[r] + 2 * (i + step) * kSize,
+                                        dst[r] + (i + step) * kSize);
+          }
         }
       }
       Gather::FenceStreams();
     }
   }
   for (; i + kStepElements <= count; i += kStepElements) {
-    Gather::template Step<false>(src + 2 * i * kSize, dst + i * kSize);
+    for (int64_t r = 0; r < kRows; ++r) {
+      Gather::template Step<false>(src[r] + 2 * i * kSize, dst[r] + i * kSize);
+    }
   }
-  for (; i < count; ++i) std::memcpy(dst + i * kSize, src + 2 * i * kSize, kSize);
+  copy_elements(count);
+}
+
+template <typename Gather>
+void GatherEveryOther(const std::byte* src, int64_t src_row_stride, std::byte* dst,
+                      int64_t dst_row_stride, int64_t rows, int64_t count, bool stream) {
+  int64_t r = 0;
+  if (dst_row_stride % 64 == 0) {
+    for (; r + 2 <= rows; r += 2) {
+      const std::byte* const sources[2] = {src + r * src_row_stride,
+                                           src + (r + 1) * src_row_stride};
+      std::byte* const destinations[2] = {dst + r * dst_row_stride, dst + (r + 1) * dst_row_stride};
+      GatherEveryOtherLines<Gather, 2>(sources, destinations, count, stream);
+    }
+  }
+  for (; r < rows; ++r) {
+    const std::byte* const source = src + r * src_row_stride;
+    std::byte* const destination = dst + r * dst_row_stride;
+    GatherEveryOtherLines<Gather, 1>(&source, &destination, count, stream);
+  }
 }
 
 }  // namespace

@@ -86,7 +86,8 @@ class CopyConvertPlan {
                           bool) = nullptr;
   // A vector gather for same-dtype rows read every other element (a [::2] slice) into dense
   // destination rows; null when the level has none or the views do not fit.
-  void (*gather_every_other_)(const std::byte*, std::byte*, int64_t, bool) = nullptr;
+  void (*gather_every_other_)(const std::byte*, int64_t, std::byte*, int64_t, int64_t, int64_t,
+                              bool) = nullptr;
   // Collapsed loop, outermost first; the last entry is the innermost (row) dim.
   absl::InlinedVector<int64_t, 6> dims_;
   absl::InlinedVector<int64_t, 6> src_strides_;
