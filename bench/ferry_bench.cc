@@ -436,24 +436,26 @@ void WaitForDeviceBytes(absl::Span<Device* const> devices, int64_t device_bytes_
   }
 }
 
-// One timed run. The heap peak is taken relative to the heap at the start; the memory the run
-// rightly leaves behind (new device buffers, returned host tensors) is not extra.
-StatusOr<Sample> MeasureOnce(Path& path, absl::Span<Device* const> device) {
+// One run, timed, and with `account_heap` its heap accounted (counting every malloc and free,
+// which the plain timed runs must not pay for): the heap peak is taken relative to the heap at the
+// start; the memory the run rightly leaves behind (new device buffers, returned host tensors) is
+// not extra.
+StatusOr<Sample> MeasureOnce(Path& path, absl::Span<Device* const> device, bool account_heap) {
   const int64_t device_before = DeviceBytesInUse(device);
-  ResetPeakHeapBytes();
-  const int64_t heap_before = LiveHeapBytes();
+  if (account_heap) StartHeapAccounting();
   const auto start = Clock::now();
   Status status = path.Run();
   const auto stop = Clock::now();
   Sample sample;
   sample.seconds = std::chrono::duration<double>(stop - start).count();
-  const int64_t peak = PeakHeapBytes();
-  const int64_t heap_after = LiveHeapBytes();
-  const int64_t device_added = DeviceBytesInUse(device) - device_before;
-  sample.peak_extra_bytes =
-      std::max<int64_t>(0, peak - heap_before - device_added - path.ResultHostBytes());
-  sample.retained_extra_bytes = std::clamp<int64_t>(
-      heap_after - heap_before - device_added - path.ResultHostBytes(), 0, sample.peak_extra_bytes);
+  if (account_heap) {
+    StopHeapAccounting();
+    const int64_t device_added = DeviceBytesInUse(device) - device_before;
+    sample.peak_extra_bytes =
+        std::max<int64_t>(0, PeakHeapBytes() - device_added - path.ResultHostBytes());
+    sample.retained_extra_bytes = std::clamp<int64_t>(
+        LiveHeapBytes() - device_added - path.ResultHostBytes(), 0, sample.peak_extra_bytes);
+  }
   path.Release();
   WaitForDeviceBytes(device, device_before);
   if (!status.ok()) return status;
@@ -677,10 +679,12 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
     copy_peak_seconds.push_back(
         MeasureParallelMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
-    FERRY_ASSIGN_OR_RETURN(Sample ferry, MeasureOnce(*prepared.ferry, prepared.devices));
+    FERRY_ASSIGN_OR_RETURN(Sample ferry,
+                           MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
     ferry_seconds.push_back(ferry.seconds);
     if (prepared.staged != nullptr) {
-      FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices));
+      FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
+                                                        /*account_heap=*/false));
       staged_seconds.push_back(staged.seconds);
     }
   }
@@ -689,13 +693,14 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   // what the transfer itself allocates. Freed blocks cached during the run still count as live,
   // which can only overstate the peak.
   ReleaseCachedHostMemory();
-  FERRY_ASSIGN_OR_RETURN(Sample ferry_accounted, MeasureOnce(*prepared.ferry, prepared.devices));
+  FERRY_ASSIGN_OR_RETURN(Sample ferry_accounted,
+                         MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/true));
   ferry_peak = ferry_accounted.peak_extra_bytes;
   ferry_retained = ferry_accounted.retained_extra_bytes;
   if (prepared.staged != nullptr) {
     ReleaseCachedHostMemory();
     FERRY_ASSIGN_OR_RETURN(Sample staged_accounted,
-                           MeasureOnce(*prepared.staged, prepared.devices));
+                           MeasureOnce(*prepared.staged, prepared.devices, /*account_heap=*/true));
     staged_peak = staged_accounted.peak_extra_bytes;
   }
 

@@ -14,15 +14,22 @@
 // client's destructor) releases everything and turns the cache into a pass-through, so memory of
 // buffers that outlive their client is released when they die.
 //
+// Take and Give cost O(1) whatever the number of entries (an index by size next to the age
+// order), so that thousands of small blocks, one per tensor of a large batch, are cheap to keep.
+//
 // Thread-safe; `release` is called without the lock held, on the thread that evicts.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
+#include <list>
 #include <mutex>
 #include <optional>
 #include <utility>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace ferry {
 
@@ -44,28 +51,26 @@ class FreedMemoryCache {
   // be resident), or nullopt.
   std::optional<Handle> Take(int64_t size_bytes) {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-      if (it->size_bytes != size_bytes) continue;
-      Handle handle = std::move(it->handle);
-      cached_bytes_ -= size_bytes;
-      entries_.erase(std::next(it).base());
-      return handle;
-    }
-    return std::nullopt;
+    auto same_size = by_size_.find(size_bytes);
+    if (same_size == by_size_.end()) return std::nullopt;
+    const typename std::list<Entry>::iterator newest = same_size->second.back();
+    same_size->second.pop_back();
+    if (same_size->second.empty()) by_size_.erase(same_size);
+    Handle handle = std::move(newest->handle);
+    cached_bytes_ -= size_bytes;
+    by_age_.erase(newest);
+    return handle;
   }
 
   // Keeps `handle` for reuse, or releases it when the cache is closed or the size is out of range.
   void Give(Handle handle, int64_t size_bytes) {
-    std::deque<Entry> evicted;
+    std::list<Entry> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!closed_ && size_bytes >= min_cached_bytes_ && size_bytes <= limit_bytes_) {
-        while (cached_bytes_ + size_bytes > limit_bytes_) {
-          cached_bytes_ -= entries_.front().size_bytes;
-          evicted.push_back(std::move(entries_.front()));
-          entries_.pop_front();
-        }
-        entries_.push_back({std::move(handle), size_bytes});
+        while (cached_bytes_ + size_bytes > limit_bytes_) EvictOldest(evicted);
+        by_age_.push_back({std::move(handle), size_bytes});
+        by_size_[size_bytes].push_back(std::prev(by_age_.end()));
         cached_bytes_ += size_bytes;
       } else {
         evicted.push_back({std::move(handle), size_bytes});
@@ -76,10 +81,11 @@ class FreedMemoryCache {
 
   // Releases every cached handle; true when there was any (worth retrying a failed allocation).
   bool ReleaseAll() {
-    std::deque<Entry> evicted;
+    std::list<Entry> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      evicted.swap(entries_);
+      evicted.swap(by_age_);
+      by_size_.clear();
       cached_bytes_ = 0;
     }
     Release(evicted);
@@ -107,7 +113,18 @@ class FreedMemoryCache {
     int64_t size_bytes;
   };
 
-  void Release(std::deque<Entry>& entries) const {
+  // Moves the oldest entry to `evicted`. Requires the lock and an entry.
+  void EvictOldest(std::list<Entry>& evicted) {
+    const int64_t size_bytes = by_age_.front().size_bytes;
+    // The oldest entry of all is the oldest of its size.
+    auto same_size = by_size_.find(size_bytes);
+    same_size->second.pop_front();
+    if (same_size->second.empty()) by_size_.erase(same_size);
+    cached_bytes_ -= size_bytes;
+    evicted.splice(evicted.end(), by_age_, by_age_.begin());
+  }
+
+  void Release(std::list<Entry>& entries) const {
     for (Entry& entry : entries) release_(std::move(entry.handle));
   }
 
@@ -115,7 +132,9 @@ class FreedMemoryCache {
   const int64_t min_cached_bytes_;
   const std::function<void(Handle)> release_;
   mutable std::mutex mutex_;
-  std::deque<Entry> entries_;  // oldest first
+  std::list<Entry> by_age_;  // oldest first
+  // Per size, the entries of by_age_ of that size, oldest first.
+  absl::flat_hash_map<int64_t, std::deque<typename std::list<Entry>::iterator>> by_size_;
   int64_t cached_bytes_ = 0;
   bool closed_ = false;
 };

@@ -6,6 +6,8 @@
 #include "ferry/runtime/dtype_policy.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "oneapi/tbb/blocked_range.h"
+#include "oneapi/tbb/parallel_for.h"
 #include "src/runtime/transfer_internal.h"
 
 namespace ferry {
@@ -55,37 +57,74 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
 
 StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> transfers,
                                               HostBufferSemantics semantics) {
-  const bool overlap =
-      semantics == HostBufferSemantics::kImmutableOnlyDuringCall && transfers.size() > 1;
+  const bool only_during_call = semantics == HostBufferSemantics::kImmutableOnlyDuringCall;
+  const bool overlap = only_during_call && transfers.size() > 1;
+  auto is_large = [&](const DeviceTransfer& transfer) {
+    return overlap && transfer.source != nullptr &&
+           transfer.source->view().dense_size_bytes() >= kOverlapMinBytes;
+  };
   std::vector<Future<>> sources_read;  // of the sources started asynchronously
   auto wait_for_sources = [&sources_read] {
     if (!sources_read.empty()) JoinFutures(sources_read).Await();
   };
   // On error `handles` goes out of scope: everything this call started is released.
-  std::vector<DataPtr> handles;
-  handles.reserve(transfers.size());
-  for (size_t i = 0; i < transfers.size(); ++i) {
+  std::vector<DataPtr> handles(transfers.size());
+  // The transfer owns a reference to its source until it has read the last byte; the completion
+  // callback drops it (on a runtime thread for asynchronous semantics).
+  auto start = [&](size_t i, HostBufferSemantics this_semantics) -> Status {
     const std::shared_ptr<const TensorSource>& source = transfers[i].source;
-    // The transfer owns a reference to its source until it has read the last byte; the
-    // completion callback drops it (on a runtime thread for asynchronous semantics).
     OnDoneWithHostBuffer on_done = [keep_alive = source]() mutable { keep_alive.reset(); };
-    HostBufferSemantics this_semantics = semantics;
-    std::optional<Promise<>> read;
-    if (overlap && source != nullptr && source->view().dense_size_bytes() >= kOverlapMinBytes) {
-      this_semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
-      read.emplace();
-      on_done = [keep_alive = source, read = *read]() mutable {
-        keep_alive.reset();
-        read.Set(OkStatus());
-      };
+    FERRY_ASSIGN_OR_RETURN(handles[i],
+                           StartTransfer(transfers[i], i, this_semantics, std::move(on_done)));
+    return OkStatus();
+  };
+
+  // First the large sources, each started asynchronously so that they overlap.
+  std::vector<size_t> small;
+  small.reserve(transfers.size());
+  for (size_t i = 0; i < transfers.size(); ++i) {
+    if (!is_large(transfers[i])) {
+      small.push_back(i);
+      continue;
     }
-    StatusOr<DataPtr> handle = StartTransfer(transfers[i], i, this_semantics, std::move(on_done));
+    Promise<> read;
+    OnDoneWithHostBuffer on_done = [keep_alive = transfers[i].source, read]() mutable {
+      keep_alive.reset();
+      read.Set(OkStatus());
+    };
+    StatusOr<DataPtr> handle = StartTransfer(
+        transfers[i], i, HostBufferSemantics::kImmutableUntilTransferCompletes, std::move(on_done));
     if (!handle.ok()) {
       wait_for_sources();  // the caller may reuse the sources once this returns
       return handle.status();
     }
-    if (read.has_value()) sources_read.push_back(read->future());
-    handles.push_back(*std::move(handle));
+    sources_read.push_back(read.future());
+    handles[i] = *std::move(handle);
+  }
+
+  // Then the others. Under kImmutableOnlyDuringCall each is copied on the thread that starts it,
+  // so a large batch of them is started on every core; otherwise one by one, in order.
+  if (only_during_call && small.size() >= kParallelMinTransfers) {
+    std::vector<Status> errors(small.size());
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, small.size(), kParallelGrainTransfers),
+                      [&](const tbb::blocked_range<size_t>& range) {
+                        for (size_t k = range.begin(); k != range.end(); ++k) {
+                          errors[k] = start(small[k], semantics);
+                        }
+                      });
+    for (const Status& error : errors) {  // the first in the sources' order
+      if (!error.ok()) {
+        wait_for_sources();
+        return error;
+      }
+    }
+  } else {
+    for (size_t i : small) {
+      if (Status started = start(i, semantics); !started.ok()) {
+        wait_for_sources();
+        return started;
+      }
+    }
   }
   wait_for_sources();
   return handles;

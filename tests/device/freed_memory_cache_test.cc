@@ -1,6 +1,7 @@
 #include "src/core/freed_memory_cache.h"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ferry/core/host_tensor.h"
@@ -50,6 +51,34 @@ TEST(FreedMemoryCacheTest, EvictsTheOldestToStayWithinTheLimit) {
   cache.Give(5, 301);  // larger than the whole cache: released at once
   EXPECT_THAT(recorder.released, ElementsAre(1, 2, 5));
   EXPECT_EQ(cache.Take(150), 4);
+}
+
+// Eviction goes by age across sizes while Take goes by size: the two orders must stay in step
+// over many entries of interleaved sizes.
+TEST(FreedMemoryCacheTest, ManyEntriesOfMixedSizesKeepAgeAndSizeOrdersInStep) {
+  Recorder recorder;
+  auto cache = recorder.MakeCache(/*limit=*/10 * 1000);
+  for (int i = 0; i < 30; ++i) cache.Give(i, i % 3 == 0 ? 1000 : 500);  // 10 x 1000 + 20 x 500
+  // 20000 bytes given to a cache of 10000: exactly the oldest 10000 bytes went, in age order,
+  // whatever their size.
+  int64_t released_bytes = 0;
+  for (int handle : recorder.released) released_bytes += handle % 3 == 0 ? 1000 : 500;
+  EXPECT_EQ(released_bytes, 10 * 1000);
+  for (size_t i = 0; i < recorder.released.size(); ++i) {
+    EXPECT_EQ(recorder.released[i], static_cast<int>(i));  // oldest first
+  }
+  EXPECT_EQ(cache.cached_bytes(), 10 * 1000);
+  // Newest first within a size, and every kept handle is found exactly once.
+  std::vector<int> taken;
+  while (std::optional<int> handle = cache.Take(1000)) taken.push_back(*handle);
+  while (std::optional<int> handle = cache.Take(500)) taken.push_back(*handle);
+  std::vector<int> want_1000, want_500;
+  for (int i = 29; i >= static_cast<int>(recorder.released.size()); --i) {
+    (i % 3 == 0 ? want_1000 : want_500).push_back(i);
+  }
+  want_1000.insert(want_1000.end(), want_500.begin(), want_500.end());
+  EXPECT_EQ(taken, want_1000);
+  EXPECT_EQ(cache.cached_bytes(), 0);
 }
 
 TEST(FreedMemoryCacheTest, SmallEntriesAreNeverCached) {

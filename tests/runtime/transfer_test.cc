@@ -199,6 +199,50 @@ TEST(TransferTest, BatchIsAllOrNothingAndKeepsEarlierData) {
   EXPECT_EQ(0, std::memcmp(back[0].data(), batch[0]->view().data, 4096));  // same fill pattern
 }
 
+// A batch of many small sources is started on every core (transfer_internal.h,
+// kParallelMinTransfers): every tensor must still land in its own handle, in order, and a failure
+// must name the first failing source in order and leave nothing on the device.
+TEST(TransferTest, LargeBatchesOfSmallSourcesStartInParallelInOrder) {
+  auto client = MakeHostClient();
+  Device* device = client->devices()[0];
+  constexpr int kCount = 1000;
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "two sources fail" : "all succeed");
+    std::vector<std::shared_ptr<const TensorSource>> batch;
+    for (int i = 0; i < kCount; ++i) {
+      HostTensor tensor = HostTensor::Allocate(DType::kS32, {64 + i % 7}).value();
+      int32_t* values = reinterpret_cast<int32_t*>(tensor.data());
+      for (int64_t j = 0; j < tensor.size_bytes() / 4; ++j) values[j] = i * 1000 + j;
+      batch.push_back(TensorSource::FromHostTensor(std::move(tensor), "s" + std::to_string(i)));
+    }
+    batch.insert(batch.begin() + 500, MakeSource(DType::kF32, {4 << 20}, "large"));
+    if (fail) {  // complex cannot be stored as s32: the first of the two in order is reported
+      batch[700] = MakeSource(DType::kC64, {8}, "first_bad");
+      batch[900] = MakeSource(DType::kC64, {8}, "second_bad");
+    }
+    TransferToDeviceOptions options;
+    options.device_dtypes.assign(batch.size(), DType::kS32);
+    options.device_dtypes[500] = DType::kF32;
+    StatusOr<std::vector<DataPtr>> data = TransferToDevice(batch, device, options);
+    if (fail) {
+      ASSERT_FALSE(data.ok());
+      EXPECT_THAT(std::string(data.status().message()), HasSubstr("'first_bad'"));
+      EXPECT_EQ(device->bytes_in_use(), 0);
+      continue;
+    }
+    ASSERT_TRUE(data.ok()) << data.status();
+    ASSERT_EQ(data->size(), batch.size());
+    std::vector<HostTensor> back = TransferFromDevice(*data).value();
+    for (size_t k = 0; k < batch.size(); ++k) {
+      ASSERT_EQ((*data)[k]->name(), batch[k]->name());
+      ASSERT_EQ(back[k].size_bytes(), batch[k]->view().dense_size_bytes());
+      ASSERT_EQ(0, std::memcmp(back[k].data(), batch[k]->view().data,
+                               static_cast<size_t>(back[k].size_bytes())))
+          << batch[k]->name();
+    }
+  }
+}
+
 TEST(TransferTest, DeviceDtypesMustMatchSourceCount) {
   auto client = MakeHostClient();
   TransferToDeviceOptions options;

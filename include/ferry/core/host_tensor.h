@@ -17,11 +17,13 @@ inline constexpr size_t kHostAlignment = 64;
 // pages, so that first-touch page faults (which otherwise dominate large transfers into fresh
 // memory) are 512 times fewer. Free with FreeHostMemory, giving the same size. Thread-safe.
 //
-// Freed allocations of 1 MiB or more go to a process-wide cache and serve the next allocation of
+// Freed allocations of 1 KiB or more go to a process-wide cache and serve the next allocation of
 // exactly the same size (src/core/freed_memory_cache.h says why: fresh memory costs a zeroing
-// page fault per page on first touch, about the price of the copy itself). The cache holds at most
-// FERRY_HOST_MEMORY_CACHE_BYTES (default 1 GiB; 0 turns it off; off by default in AddressSanitizer
-// builds so that use-after-free stays detectable) and is emptied when an allocation fails.
+// page fault per page on first touch, about the price of the copy itself; and glibc's aligned
+// allocation of thousands of small blocks, one per tensor of a batch, costs more than their copy).
+// The cache holds at most FERRY_HOST_MEMORY_CACHE_BYTES (default 1 GiB; 0 turns it off; off by
+// default in AddressSanitizer builds so that use-after-free stays detectable) and is emptied when
+// an allocation fails.
 std::byte* AllocateHostMemory(int64_t size_bytes);
 void FreeHostMemory(std::byte* memory, int64_t size_bytes);
 // Bytes of freed host memory held by the cache, and its limit.

@@ -20,8 +20,7 @@ StatusOr<std::shared_ptr<DeviceAllocation>> DeviceAllocation::Create(
     return ResourceExhaustedError(fmt::format("tensor '{}': device {} could not allocate {} bytes",
                                               tensor_name, device_name, size_bytes));
   }
-  return std::shared_ptr<DeviceAllocation>(
-      new DeviceAllocation(std::move(account), data, size_bytes));
+  return std::make_shared<DeviceAllocation>(CreateKey(), std::move(account), data, size_bytes);
 }
 
 DeviceAllocation::~DeviceAllocation() {

@@ -30,10 +30,15 @@ class DeviceAllocation {
 
   std::byte* data() const { return data_; }
 
- private:
-  DeviceAllocation(std::shared_ptr<MemoryAccount> account, std::byte* data, int64_t size_bytes)
+  // For Create's std::make_shared (one allocation for the object and its count) only.
+  struct CreateKey {
+    explicit CreateKey() = default;
+  };
+  DeviceAllocation(CreateKey, std::shared_ptr<MemoryAccount> account, std::byte* data,
+                   int64_t size_bytes)
       : account_(std::move(account)), data_(data), size_bytes_(size_bytes) {}
 
+ private:
   std::shared_ptr<MemoryAccount> account_;
   std::byte* data_;
   int64_t size_bytes_;
