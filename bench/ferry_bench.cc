@@ -1012,24 +1012,14 @@ int RunBench(int argc, char** argv) {
         "may skew the times\n",
         machine["cpu_busy_percent_before"].get<double>());
   }
-  // The peers run first, in one process, while this one holds no case memory; their times go into
-  // the rows of the cases below.
-  std::map<std::string, Json> peer_rows;
-  std::optional<std::string> peers_failure;
+  // The peers of a case run just before it, in a process of their own, while this one holds no
+  // case memory: on a shared machine whose memory bandwidth drifts over minutes, timings taken
+  // next to each other compare better than a block of peers timed before every case.
   if (peers) {
-    std::vector<std::string> peer_cases;
-    for (const CaseDefinition* definition : selected) {
-      if (HasPeers(definition->name)) peer_cases.push_back(definition->name);
-    }
-    if (peer_cases.empty()) {
-      fmt::print("peers: none of the selected cases has peers (bench/peers.py)\n");
-    } else {
-      fmt::print("peers: timing {} case(s) with torch, jax and numpy ({} bench/peers.py)...\n",
-                 peer_cases.size(), peers_python);
-      std::fflush(stdout);
-      peer_rows = RunPeers(peers_python, peer_cases, scale, repeats, peers_failure);
-      if (peers_failure.has_value()) fmt::print("peers FAILED: {}\n", *peers_failure);
-    }
+    fmt::print(
+        "peers: each case with peers is first timed with torch, jax and numpy ({} "
+        "bench/peers.py)\n",
+        peers_python);
   }
   fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",
@@ -1046,7 +1036,21 @@ int RunBench(int argc, char** argv) {
                                            kMeshDevices, backend, devices.size());
   }
   std::optional<double> raw_clwrite_seconds_per_byte;
+  Json peers_versions;  // from any peers.py row
+  bool peers_failed = false;
   for (const CaseDefinition* definition : selected) {
+    std::map<std::string, Json> peer_rows;
+    if (peers && HasPeers(definition->name)) {
+      std::optional<std::string> peers_failure;
+      peer_rows = RunPeers(peers_python, {definition->name}, scale, repeats, peers_failure);
+      if (peers_failure.has_value()) {
+        peers_failed = true;
+        fmt::print("peers FAILED: {}\n", *peers_failure);
+      }
+      for (const auto& [name, row] : peer_rows) {
+        if (row.contains("versions")) peers_versions = row["versions"];
+      }
+    }
     const auto peer_row = peer_rows.find(definition->name);
     StatusOr<CaseResult> result =
         RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte,
@@ -1105,9 +1109,7 @@ int RunBench(int argc, char** argv) {
          HeapAccountingEnabled() ? "malloc interposition" : "off (sanitizer build)"}};
     if (peers) {
       document["settings"]["peers_python"] = peers_python;
-      for (const auto& [name, row] : peer_rows) {
-        if (row.contains("versions")) document["settings"]["peers_versions"] = row["versions"];
-      }
+      if (!peers_versions.is_null()) document["settings"]["peers_versions"] = peers_versions;
     }
     std::ofstream out(json_path);
     out << document.dump(2) << "\n";
@@ -1116,7 +1118,7 @@ int RunBench(int argc, char** argv) {
       return 1;
     }
   }
-  if (peers_failure.has_value()) ++failures;
+  if (peers_failed) ++failures;
   return failures == 0 ? 0 : 1;
 }
 

@@ -6,8 +6,7 @@
 #include "ferry/runtime/dtype_policy.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "oneapi/tbb/blocked_range.h"
-#include "oneapi/tbb/parallel_for.h"
+#include "src/runtime/parallel_for.h"
 #include "src/runtime/transfer_internal.h"
 
 namespace ferry {
@@ -106,12 +105,8 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
   // so a large batch of them is started on every core; otherwise one by one, in order.
   if (only_during_call && small.size() >= kParallelMinTransfers) {
     std::vector<Status> errors(small.size());
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, small.size(), kParallelGrainTransfers),
-                      [&](const tbb::blocked_range<size_t>& range) {
-                        for (size_t k = range.begin(); k != range.end(); ++k) {
-                          errors[k] = start(small[k], semantics);
-                        }
-                      });
+    ParallelFor(small.size(), kParallelGrainTransfers,
+                [&](size_t k) { errors[k] = start(small[k], semantics); });
     for (const Status& error : errors) {  // the first in the sources' order
       if (!error.ok()) {
         wait_for_sources();
