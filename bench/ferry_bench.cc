@@ -1,6 +1,7 @@
 // ferry-bench: how fast ferry moves tensors, next to memcpy and the old staged path.
 //
-// Every case is timed three ways in the same process, interleaved run by run:
+// Every case is timed three ways in the same process: ferry's runs back to back, then the others
+// (bench/README.md says why):
 //   ferry   the library path (TransferToDevice + AwaitReady, or TransferFromDevice);
 //   memcpy  one std::memcpy, on one thread, of as many bytes as the case reads, into a
 //           pre-touched destination (the yardstick of DESIGN.md's performance model);
@@ -674,14 +675,16 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
       staged_seconds;
   int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
   for (int run = 0; run < repeats; ++run) {
+    FERRY_ASSIGN_OR_RETURN(Sample ferry,
+                           MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
+    ferry_seconds.push_back(ferry.seconds);
+  }
+  for (int run = 0; run < repeats; ++run) {
     memcpy_seconds.push_back(
         MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
     memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
     copy_peak_seconds.push_back(
         MeasureParallelMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
-    FERRY_ASSIGN_OR_RETURN(Sample ferry,
-                           MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
-    ferry_seconds.push_back(ferry.seconds);
     if (prepared.staged != nullptr) {
       FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
                                                         /*account_heap=*/false));
