@@ -25,6 +25,55 @@ TEST(FutureTest, on_ready_runs_inline_when_already_ready) {
   EXPECT_EQ(callback_thread, std::this_thread::get_id());
 }
 
+// Ready OK void futures share one state; each still behaves as its own ready future, from many
+// threads at once, and an error is never shared.
+TEST(FutureTest, ready_ok_void_futures_are_ready_everywhere_and_errors_stay_apart) {
+  std::atomic<int> callbacks{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 1000; ++i) {
+        Future<> ok = Future<>::Ready(OkStatus());
+        EXPECT_TRUE(ok.IsReady());
+        EXPECT_TRUE(ok.Await().ok());
+        ok.OnReady([&](const Status& status) {
+          if (status.ok()) callbacks.fetch_add(1);
+        });
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(callbacks.load(), 4000);
+  Future<> failed = Future<>::Ready(InternalError("broken"));
+  EXPECT_EQ(failed.Await().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(Future<>::Ready(OkStatus()).Await().ok());  // the error did not leak into it
+}
+
+// Await and OnReady read a set future without its lock: a value set while others wait or
+// register is still seen whole by each of them.
+TEST(FutureTest, readers_racing_the_setter_see_the_whole_value) {
+  for (int round = 0; round < 200; ++round) {
+    Promise<std::string> promise;
+    Future<std::string> future = promise.future();
+    std::atomic<int> good{0};
+    std::vector<std::thread> readers;
+    for (int r = 0; r < 3; ++r) {
+      readers.emplace_back([&, r] {
+        if (r == 0) {
+          if (*future.Await() == "a value long enough to live on the heap") good.fetch_add(1);
+        } else {
+          future.OnReady([&](const StatusOr<std::string>& value) {
+            if (*value == "a value long enough to live on the heap") good.fetch_add(1);
+          });
+        }
+      });
+    }
+    promise.Set(std::string("a value long enough to live on the heap"));
+    for (std::thread& reader : readers) reader.join();
+    EXPECT_EQ(good.load(), 3);
+  }
+}
+
 TEST(FutureTest, on_ready_runs_once_on_the_setting_thread) {
   Promise<int> promise;
   Future<int> future = promise.future();

@@ -7,9 +7,11 @@
 //   Callbacks must not block for long: they run on runtime threads.
 // - `Await()` blocks the calling thread until ready. Never call it while holding a lock that the
 //   producer needs (or the Python GIL: the Python layer releases it first).
-// Futures are cheap shared handles; all members are thread-safe.
+// Futures are cheap shared handles; all members are thread-safe. A ready future is read without
+// taking its lock, and Future<>::Ready(OkStatus()) allocates nothing (one shared ready state).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -41,6 +43,7 @@ class FutureState {
       std::lock_guard<std::mutex> lock(mutex_);
       if (value_.has_value()) return;  // set once; later sets are ignored
       value_.emplace(std::move(value));
+      set_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
     }
     ready_.notify_all();
@@ -48,19 +51,18 @@ class FutureState {
     for (Callback& callback : callbacks) std::move(callback)(*value_);
   }
 
-  bool IsReady() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return value_.has_value();
-  }
+  // Once set_ reads true (acquire), value_ is immutable and visible: no lock needed.
+  bool IsReady() const { return set_.load(std::memory_order_acquire); }
 
   const Value& Await() const {
+    if (IsReady()) return *value_;
     std::unique_lock<std::mutex> lock(mutex_);
     ready_.wait(lock, [this] { return value_.has_value(); });
     return *value_;
   }
 
   void OnReady(Callback callback) {
-    {
+    if (!IsReady()) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!value_.has_value()) {
         callbacks_.push_back(std::move(callback));
@@ -73,6 +75,7 @@ class FutureState {
  private:
   mutable std::mutex mutex_;
   mutable std::condition_variable ready_;
+  std::atomic<bool> set_{false};
   std::optional<Value> value_;
   std::vector<Callback> callbacks_;
 };
@@ -105,8 +108,19 @@ class Future {
   // An invalid future; only assignment and `valid()` may be used on it.
   Future() = default;
 
-  // A future that is already ready with `value`.
+  // A future that is already ready with `value`. For an OK Future<> this is one state shared by
+  // the whole process, made once (a buffer that is ready when made costs no allocation).
   static Future Ready(Value value) {
+    if constexpr (std::is_void_v<T>) {
+      if (value.ok()) {
+        static const auto* const ok = new std::shared_ptr<internal::FutureState<void>>([] {
+          auto state = std::make_shared<internal::FutureState<void>>();
+          state->Set(OkStatus());
+          return state;
+        }());
+        return Future(*ok);
+      }
+    }
     Promise<T> promise;
     promise.Set(std::move(value));
     return promise.future();

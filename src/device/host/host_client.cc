@@ -109,10 +109,9 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
                               MutableHostView::Dense(allocation->data(), device_dtype, src.dims)));
   (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
 
-  Promise<> ready;
-  auto make_buffer = [&] {
+  auto make_buffer = [&](Future<> ready) {
     return std::unique_ptr<Buffer>(
-        new HostBuffer(host_device, device_dtype, src.dims, allocation, ready.future(), engine_));
+        new HostBuffer(host_device, device_dtype, src.dims, allocation, std::move(ready), engine_));
   };
   const int64_t source_bytes = num_elements * DTypeSize(src.dtype);
 
@@ -128,13 +127,13 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
       FERRY_RETURN_IF_ERROR(copied.future().Await());
     }
     if (on_done) std::move(on_done)();
-    ready.Set(OkStatus());
-    return make_buffer();
+    return make_buffer(Future<>::Ready(OkStatus()));
   }
 
   // kImmutableUntilTransferCompletes: the engine owns the rest. Ready completes only after
   // on_done has returned, so "ready" also means "the source has been released".
-  auto buffer = make_buffer();
+  Promise<> ready;
+  auto buffer = make_buffer(ready.future());
   FERRY_RETURN_IF_ERROR(engine_->Submit(
       std::move(plan), [ready, on_done = std::move(on_done), allocation](Status status) mutable {
         if (on_done) {
