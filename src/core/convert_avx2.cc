@@ -188,31 +188,26 @@ struct Avx2TransposeBlock {
   static void FenceStreams() { _mm_sfence(); }
 };
 
-// Every other 4-byte element: two 8-lane loads, the even lanes of each 128-bit half picked
-// (shuffle), then the 64-bit pairs put in order (permute4x64).
-struct Avx2GatherEveryOther4 {
-  static constexpr int64_t kSize = 4;
+// Every other element of 4 or 8 bytes: two 32-byte loads; the even elements of each 128-bit
+// half are picked (4 bytes: shuffle; 8 bytes: unpack), then the 64-bit pairs put in order
+// (permute4x64).
+template <int64_t kElementSize>
+struct Avx2GatherEveryOtherN {
+  static constexpr int64_t kSize = kElementSize;
   static constexpr int64_t kStepBytes = 32;
   template <bool kStream>
   static void Step(const std::byte* src, std::byte* dst) {
-    const __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(src));
-    const __m256 b = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 32));
-    const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-    Store8<kStream>(dst, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even),
-                                                                _MM_SHUFFLE(3, 1, 2, 0))));
-  }
-  static void FenceStreams() { _mm_sfence(); }
-};
-
-struct Avx2GatherEveryOther8 {
-  static constexpr int64_t kSize = 8;
-  static constexpr int64_t kStepBytes = 32;
-  template <bool kStream>
-  static void Step(const std::byte* src, std::byte* dst) {
-    const __m256d a = _mm256_loadu_pd(reinterpret_cast<const double*>(src));
-    const __m256d b = _mm256_loadu_pd(reinterpret_cast<const double*>(src + 32));
-    const __m256d even = _mm256_permute4x64_pd(_mm256_unpacklo_pd(a, b), _MM_SHUFFLE(3, 1, 2, 0));
-    Store8<kStream>(dst, _mm256_castpd_ps(even));
+    __m256d even;
+    if constexpr (kElementSize == 4) {
+      const __m256 a = _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+      const __m256 b = _mm256_loadu_ps(reinterpret_cast<const float*>(src + 32));
+      even = _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)));
+    } else {
+      const __m256d a = _mm256_loadu_pd(reinterpret_cast<const double*>(src));
+      const __m256d b = _mm256_loadu_pd(reinterpret_cast<const double*>(src + 32));
+      even = _mm256_unpacklo_pd(a, b);
+    }
+    Store8<kStream>(dst, _mm256_castpd_ps(_mm256_permute4x64_pd(even, _MM_SHUFFLE(3, 1, 2, 0))));
   }
   static void FenceStreams() { _mm_sfence(); }
 };
@@ -224,9 +219,9 @@ TransposeBandFn Avx2TransposeBand4() { return &TransposeBand<Avx2TransposeBlock>
 GatherEveryOtherFn Avx2GatherEveryOther(int64_t size) {
   switch (size) {
     case 4:
-      return &GatherEveryOther<Avx2GatherEveryOther4>;
+      return &GatherEveryOther<Avx2GatherEveryOtherN<4>>;
     case 8:
-      return &GatherEveryOther<Avx2GatherEveryOther8>;
+      return &GatherEveryOther<Avx2GatherEveryOtherN<8>>;
     default:
       return nullptr;
   }

@@ -34,7 +34,8 @@ inline constexpr int64_t kOverlapMinBytes = int64_t{1} << 20;
 // Under kImmutableOnlyDuringCall, a batch with at least this many sources below kOverlapMinBytes
 // starts them on every core (oneTBB), kParallelGrainTransfers per task: each is copied on the
 // thread that starts it, and alone their per-tensor costs (allocation, plan, handle) add up on
-// one core. Errors are still reported for the first failing source in order.
+// one core. The large sources are started first; the error reported is that of the first of them
+// that fails, else that of the first small source in order that fails.
 inline constexpr size_t kParallelMinTransfers = 256;
 inline constexpr size_t kParallelGrainTransfers = 64;
 

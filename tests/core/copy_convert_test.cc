@@ -342,9 +342,15 @@ TEST_P(CopyConvertLevelTest, EveryOtherElementRowsMatchTheReference) {
   for (const DType dtype :
        {DType::kU8, DType::kF16, DType::kBF16, DType::kF32, DType::kF64, DType::kC128}) {
     const int64_t size = DTypeSize(dtype);
-    for (const auto& [rows, columns] : std::vector<std::pair<int64_t, int64_t>>{
-             {1, 1}, {3, 7}, {5, 16}, {4, 33}, {2, 1000}, {7, 64}, {1, 150000}, {300, 1100},
-             {301, 1024}}) {
+    for (const auto& [rows, columns] : std::vector<std::pair<int64_t, int64_t>>{{1, 1},
+                                                                                {3, 7},
+                                                                                {5, 16},
+                                                                                {4, 33},
+                                                                                {2, 1000},
+                                                                                {7, 64},
+                                                                                {1, 150000},
+                                                                                {300, 1100},
+                                                                                {301, 1024}}) {
       if (rows * columns * size > (int64_t{1} << 20) && size != 4) continue;
       // x[::2, ::2] of a (2 rows x 2 columns) tensor, and x[:, ::2] of a (rows x 2 columns) one.
       // Destination rows of a multiple of 64 bytes are gathered two at a time.
