@@ -852,29 +852,25 @@ StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repea
       fmt::format("--size {} --repeats {} --device '{}'", scale, repeats, device));
 }
 
-// Runs bench/peers.py with `python` for `case_names` and returns its rows by case name; on failure,
-// a row per case whose every peer is null with the failure as the reason.
-std::map<std::string, Json> RunPeers(const std::string& python,
-                                     const std::vector<std::string>& case_names, double scale,
-                                     int repeats, std::optional<std::string>& failure) {
-  std::string names;
-  for (const std::string& name : case_names) names += " " + name;
-  StatusOr<Json> rows = RunPythonScript(
-      python, "peers.py", fmt::format("--size {} --repeats {} --case{}", scale, repeats, names));
-  std::map<std::string, Json> by_case;
+// Runs bench/peers.py with `python` for the case `case_name` and returns its row; on failure, a
+// row whose every peer is null with the failure as the reason.
+Json RunPeers(const std::string& python, const std::string& case_name, double scale, int repeats,
+              std::optional<std::string>& failure) {
+  StatusOr<Json> rows =
+      RunPythonScript(python, "peers.py",
+                      fmt::format("--size {} --repeats {} --case {}", scale, repeats, case_name));
   if (!rows.ok()) failure = fmt::format("bench/peers.py failed: {}", rows.status().ToString());
-  for (const std::string& name : case_names) {
-    Json row = {{"case", name}};
-    for (const PeerName& peer : kPeers) {
-      row[fmt::format("{}_seconds_median", peer.field)] = nullptr;
-      row[fmt::format("{}_error", peer.field)] = failure.value_or("peers.py printed no row");
-    }
-    by_case[name] = std::move(row);
-  }
   if (rows.ok()) {
-    for (const Json& row : *rows) by_case[row.value("case", "")] = row;
+    for (const Json& row : *rows) {
+      if (row.value("case", "") == case_name) return row;
+    }
   }
-  return by_case;
+  Json row = {{"case", case_name}};
+  for (const PeerName& peer : kPeers) {
+    row[fmt::format("{}_seconds_median", peer.field)] = nullptr;
+    row[fmt::format("{}_error", peer.field)] = failure.value_or("peers.py printed no row");
+  }
+  return row;
 }
 
 std::string FormatPythonRow(const Json& row) {
@@ -1039,25 +1035,22 @@ int RunBench(int argc, char** argv) {
                                            kMeshDevices, backend, devices.size());
   }
   std::optional<double> raw_clwrite_seconds_per_byte;
-  Json peers_versions;  // from any peers.py row
+  Json peers_versions;  // from the last peers.py row
   bool peers_failed = false;
   for (const CaseDefinition* definition : selected) {
-    std::map<std::string, Json> peer_rows;
+    std::optional<Json> peer_row;
     if (peers && HasPeers(definition->name)) {
       std::optional<std::string> peers_failure;
-      peer_rows = RunPeers(peers_python, {definition->name}, scale, repeats, peers_failure);
+      peer_row = RunPeers(peers_python, definition->name, scale, repeats, peers_failure);
       if (peers_failure.has_value()) {
         peers_failed = true;
         fmt::print("peers FAILED: {}\n", *peers_failure);
       }
-      for (const auto& [name, row] : peer_rows) {
-        if (row.contains("versions")) peers_versions = row["versions"];
-      }
+      if (peer_row->contains("versions")) peers_versions = (*peer_row)["versions"];
     }
-    const auto peer_row = peer_rows.find(definition->name);
     StatusOr<CaseResult> result =
         RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte,
-                peer_row == peer_rows.end() ? nullptr : &peer_row->second);
+                peer_row.has_value() ? &*peer_row : nullptr);
     if (!result.ok()) {
       ++failures;
       fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());

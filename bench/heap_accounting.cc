@@ -28,8 +28,10 @@ std::atomic<bool> counting{false};
 std::atomic<int64_t> live_heap_bytes{0};
 std::atomic<int64_t> peak_heap_bytes{0};
 
+[[maybe_unused]] bool Counting() { return counting.load(std::memory_order_relaxed); }
+
+// The callers check Counting() first (and skip malloc_usable_size when it is false).
 [[maybe_unused]] void AddLive(int64_t bytes) {
-  if (!counting.load(std::memory_order_relaxed)) return;
   const int64_t live = live_heap_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   int64_t peak = peak_heap_bytes.load(std::memory_order_relaxed);
   while (live > peak &&
@@ -38,7 +40,6 @@ std::atomic<int64_t> peak_heap_bytes{0};
 }
 
 [[maybe_unused]] void SubtractLive(int64_t bytes) {
-  if (!counting.load(std::memory_order_relaxed)) return;
   live_heap_bytes.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
@@ -47,7 +48,7 @@ std::atomic<int64_t> peak_heap_bytes{0};
 }
 
 [[maybe_unused]] void* Counted(void* block) {
-  if (block != nullptr && counting.load(std::memory_order_relaxed)) AddLive(UsableSize(block));
+  if (block != nullptr && Counting()) AddLive(UsableSize(block));
   return block;
 }
 
@@ -82,11 +83,12 @@ int posix_memalign(void** result, size_t alignment, size_t size) noexcept {
 }
 
 void free(void* block) noexcept {
-  if (counting.load(std::memory_order_relaxed)) SubtractLive(UsableSize(block));
+  if (Counting()) SubtractLive(UsableSize(block));
   __libc_free(block);
 }
 
 void* realloc(void* block, size_t size) noexcept {
+  if (!Counting()) return __libc_realloc(block, size);
   const int64_t old_size = UsableSize(block);
   void* moved = __libc_realloc(block, size);
   if (moved == nullptr) {

@@ -167,7 +167,7 @@ class D2HFerryPath : public Path {
   StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override { return std::move(results_); }
   void Release() override { results_.clear(); }
 
- protected:
+ private:
   const std::vector<DataPtr> data_;
   std::vector<HostTensor> results_;
 };
