@@ -22,9 +22,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -45,6 +47,7 @@
 #include "fmt/format.h"
 #include "heap_accounting.h"
 #include "nlohmann/json.hpp"
+#include "peer_session.h"
 #include "src/device/opencl/opencl_client.h"
 #include "transfer_paths.h"
 
@@ -111,10 +114,11 @@ StatusOr<HostTensor> MakeFilledTensor(DType dtype, absl::Span<const int64_t> dim
 // machine (/proc/stat) less this process's own (getrusage), as a percent of all cores' time.
 class OtherCpuMeter {
  public:
-  OtherCpuMeter() : start_(Read()) {}
+  // `helper`: a process of ours whose CPU time is not "other" either (the peers' server), or -1.
+  explicit OtherCpuMeter(pid_t helper = -1) : helper_(helper), start_(Read(helper)) {}
 
   std::optional<double> OtherBusyPercent() const {
-    const std::optional<Reading> now = Read();
+    const std::optional<Reading> now = Read(helper_);
     if (!start_ || !now) return std::nullopt;
     const double ticks_per_second = static_cast<double>(sysconf(_SC_CLK_TCK));
     const double all_seconds =
@@ -133,7 +137,23 @@ class OtherCpuMeter {
     double own_seconds;
   };
 
-  static std::optional<Reading> Read() {
+  // The user and system time of process `pid` in clock ticks (fields 14 and 15 of
+  // /proc/PID/stat, counted after the parenthesised command name); 0 when it cannot be read.
+  static int64_t ProcessTicks(pid_t pid) {
+    std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t name_end = text.rfind(')');
+    if (name_end == std::string::npos) return 0;
+    std::istringstream fields(text.substr(name_end + 1));
+    std::string field;
+    int64_t ticks = 0;
+    for (int index = 3; index <= 15 && fields >> field; ++index) {
+      if (index >= 14) ticks += std::strtoll(field.c_str(), nullptr, 10);
+    }
+    return ticks;
+  }
+
+  static std::optional<Reading> Read(pid_t helper) {
     std::ifstream stat("/proc/stat");
     std::string cpu;
     int64_t user, nice, system, idle, iowait, irq, softirq;
@@ -147,9 +167,14 @@ class OtherCpuMeter {
       return static_cast<double>(time.tv_sec) + static_cast<double>(time.tv_usec) * 1e-6;
     };
     const int64_t busy = user + nice + system + irq + softirq;
-    return Reading{busy, busy + idle + iowait, seconds(usage.ru_utime) + seconds(usage.ru_stime)};
+    const double helper_seconds = helper > 0 ? static_cast<double>(ProcessTicks(helper)) /
+                                                   static_cast<double>(sysconf(_SC_CLK_TCK))
+                                             : 0.0;
+    return Reading{busy, busy + idle + iowait,
+                   seconds(usage.ru_utime) + seconds(usage.ru_stime) + helper_seconds};
   }
 
+  pid_t helper_;
   std::optional<Reading> start_;
 };
 
@@ -574,81 +599,20 @@ Status WarmUpAndVerify(PreparedCase& prepared, absl::Span<Device* const> device)
   return OkStatus();
 }
 
-// --- peers (--peers) ---------------------------------------------------------------------------
-
-// The cases bench/peers.py knows.
-constexpr const char* kPeerCases[] = {
-    "h2d_contiguous",      "h2d_transposed",      "h2d_strided_slice", "h2d_convert_f32_bf16",
-    "h2d_convert_f64_f32", "h2d_convert_f32_f16", "d2h_contiguous",    "d2h_upcast_bf16_f32"};
-
-// bench/peers.py's peers: the name in its fields and in the JSON (vs_<field>), and in the notes.
-struct PeerName {
-  const char* field;
-  const char* note;
-};
-constexpr PeerName kPeers[] = {{"torch", "torch"}, {"jax", "jax"}, {"numpy", "np"}};
-
-bool HasPeers(std::string_view case_name) {
-  return std::any_of(std::begin(kPeerCases), std::end(kPeerCases),
-                     [&](const char* name) { return case_name == name; });
-}
-
-// Adds vs_<peer> (the peer's median time / ferry's median `seconds`: above 1 means ferry is that
-// many times faster), the peer's median, how it was called, and, for a peer without a time,
-// null and <peer>_error; the notes get "vs torch 1.30x jax 2.10x np 0.90x" and "<peer> n/a: why".
-void AddPeerComparison(const Json& peers, double seconds, Json& json, std::string& notes) {
-  std::string ratios;
-  std::vector<std::string> missing;  // "<peer> n/a: why"
-  std::vector<std::string> reasons;
-  for (const PeerName& peer : kPeers) {
-    const std::string median_key = fmt::format("{}_seconds_median", peer.field);
-    const std::string error_key = fmt::format("{}_error", peer.field);
-    const std::string method_key = fmt::format("{}_method", peer.field);
-    const std::string ratio_key = fmt::format("vs_{}", peer.field);
-    const Json median = peers.value(median_key, Json(nullptr));
-    if (!median.is_number()) {
-      const std::string reason = peers.value(error_key, std::string("not measured"));
-      json[ratio_key] = nullptr;
-      json[median_key] = nullptr;
-      json[error_key] = reason;
-      missing.push_back(fmt::format("{} n/a: {}", peer.note, reason));
-      reasons.push_back(reason);
-      continue;
-    }
-    const double ratio = median.get<double>() / seconds;
-    json[ratio_key] = ratio;
-    json[median_key] = median;
-    if (peers.contains(method_key)) json[method_key] = peers[method_key];
-    const std::string all_key = fmt::format("{}_seconds_all", peer.field);
-    if (peers.contains(all_key)) json[all_key] = peers[all_key];
-    ratios += fmt::format(" {} {:.2f}x", peer.note, ratio);
-    if (std::string_view(peer.field) == "jax" && peers.value("jax_aliased", false)) {
-      json["jax_aliased"] = true;
-      ratios += " (aliased: no copy)";
-    }
-  }
-  if (!ratios.empty()) AddNote(notes, "vs" + ratios);
-  // One reason for all the peers (peers.py failed) is said once.
-  if (reasons.size() == std::size(kPeers) &&
-      std::all_of(reasons.begin(), reasons.end(), [&](const auto& r) { return r == reasons[0]; })) {
-    AddNote(notes, fmt::format("peers n/a: {}", reasons[0]));
-    return;
-  }
-  for (const std::string& note : missing) AddNote(notes, note);
-}
-
 struct CaseResult {
   Json json;
   std::string row;
   bool skipped = false;
+  Json peers_versions;                       // from the peers' row, when they ran
+  std::optional<std::string> peers_failure;  // why the peers have no times
 };
 
 // `raw_clwrite_seconds_per_byte`: raw_clwrite's median time per byte when it ran earlier in this
-// run, for the vs_raw_clwrite ratio; `peers`: this case's row of bench/peers.py (--peers), or
-// null.
+// run, for the vs_raw_clwrite ratio; `peers` (--peers, for a case bench/peers.py knows, else
+// null): timed once after each of ferry's runs.
 StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
                              int repeats, std::optional<double> raw_clwrite_seconds_per_byte,
-                             const Json* peers) {
+                             PeerSession* peers) {
   FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
   if (prepared.skip_reason.has_value()) {
     CaseResult skipped;
@@ -660,7 +624,13 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   }
   if (prepared.devices.empty()) prepared.devices = {context.device};
   FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, prepared.devices));
-  const OtherCpuMeter other_cpu;
+  CaseResult result;
+  if (peers != nullptr) {
+    if (Status status = peers->Prepare(definition.name); !status.ok()) {
+      result.peers_failure = status.ToString();
+    }
+  }
+  const OtherCpuMeter other_cpu(peers != nullptr ? peers->pid() : -1);
 
   // The yardstick's buffers, both written once so that no page fault is timed.
   auto memcpy_source =
@@ -674,10 +644,28 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   std::vector<double> memcpy_seconds, memcpy_fresh_seconds, copy_peak_seconds, ferry_seconds,
       staged_seconds;
   int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
+  // Ferry and its peers take turns, so that a drift of the machine's memory bandwidth (it has
+  // phases minutes long here) reaches both alike.
   for (int run = 0; run < repeats; ++run) {
     FERRY_ASSIGN_OR_RETURN(Sample ferry,
                            MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
     ferry_seconds.push_back(ferry.seconds);
+    if (peers != nullptr && !result.peers_failure.has_value()) {
+      if (Status status = peers->RunOnce(); !status.ok()) result.peers_failure = status.ToString();
+    }
+  }
+  std::optional<Json> peer_row;
+  if (peers != nullptr && !result.peers_failure.has_value()) {
+    StatusOr<Json> row = peers->Finish();
+    if (row.ok()) {
+      peer_row = std::move(*row);
+      if (peer_row->contains("versions")) result.peers_versions = (*peer_row)["versions"];
+    } else {
+      result.peers_failure = row.status().ToString();
+    }
+  }
+  if (result.peers_failure.has_value()) {
+    peer_row = PeerRowWithoutTimes(definition.name, *result.peers_failure);
   }
   for (int run = 0; run < repeats; ++run) {
     memcpy_seconds.push_back(
@@ -712,7 +700,6 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   const bool has_staged = prepared.staged != nullptr;
   const double staged_median = Median(staged_seconds);
   const double gbps = static_cast<double>(prepared.bytes) / seconds / 1e9;
-  CaseResult result;
   Json& json = result.json;
   json["case"] = definition.name;
   json["description"] = definition.description;
@@ -749,7 +736,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     json["vs_raw_clwrite"] = vs_raw;
     add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
   }
-  if (peers != nullptr) AddPeerComparison(*peers, seconds, json, notes);
+  if (peer_row.has_value()) AddPeerComparison(*peer_row, seconds, json, notes);
   if (!has_staged) add_note(prepared.no_staged_note);
   if (HeapAccountingEnabled() && ferry_retained > 4 * kMiB) {
     add_note(fmt::format("peak extra: {} still allocated after the run (allocator slack)",
@@ -850,27 +837,6 @@ StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repea
   return RunPythonScript(
       python, "py_bench.py",
       fmt::format("--size {} --repeats {} --device '{}'", scale, repeats, device));
-}
-
-// Runs bench/peers.py with `python` for the case `case_name` and returns its row; on failure, a
-// row whose every peer is null with the failure as the reason.
-Json RunPeers(const std::string& python, const std::string& case_name, double scale, int repeats,
-              std::optional<std::string>& failure) {
-  StatusOr<Json> rows =
-      RunPythonScript(python, "peers.py",
-                      fmt::format("--size {} --repeats {} --case {}", scale, repeats, case_name));
-  if (!rows.ok()) failure = fmt::format("bench/peers.py failed: {}", rows.status().ToString());
-  if (rows.ok()) {
-    for (const Json& row : *rows) {
-      if (row.value("case", "") == case_name) return row;
-    }
-  }
-  Json row = {{"case", case_name}};
-  for (const PeerName& peer : kPeers) {
-    row[fmt::format("{}_seconds_median", peer.field)] = nullptr;
-    row[fmt::format("{}_error", peer.field)] = failure.value_or("peers.py printed no row");
-  }
-  return row;
 }
 
 std::string FormatPythonRow(const Json& row) {
@@ -1011,14 +977,14 @@ int RunBench(int argc, char** argv) {
         "may skew the times\n",
         machine["cpu_busy_percent_before"].get<double>());
   }
-  // The peers of a case run just before it, in a process of their own, while this one holds no
-  // case memory: on a shared machine whose memory bandwidth drifts over minutes, timings taken
-  // next to each other compare better than a block of peers timed before every case.
+  // The peers run in a process of their own (bench/peers.py --serve), started once: for each
+  // case they build their own source, then are timed once after each of ferry's timed runs.
+  std::unique_ptr<PeerSession> peer_session;
   if (peers) {
     fmt::print(
-        "peers: each case with peers is first timed with torch, jax and numpy ({} "
-        "bench/peers.py)\n",
+        "peers: torch, jax and numpy ({} bench/peers.py) timed turn by turn with ferry's runs\n",
         peers_python);
+    peer_session = PeerSession::Start(peers_python, scale);
   }
   fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",
@@ -1038,19 +1004,15 @@ int RunBench(int argc, char** argv) {
   Json peers_versions;  // from the last peers.py row
   bool peers_failed = false;
   for (const CaseDefinition* definition : selected) {
-    std::optional<Json> peer_row;
-    if (peers && HasPeers(definition->name)) {
-      std::optional<std::string> peers_failure;
-      peer_row = RunPeers(peers_python, definition->name, scale, repeats, peers_failure);
-      if (peers_failure.has_value()) {
-        peers_failed = true;
-        fmt::print("peers FAILED: {}\n", *peers_failure);
-      }
-      if (peer_row->contains("versions")) peers_versions = (*peer_row)["versions"];
-    }
+    const bool with_peers = peers && HasPeers(definition->name);
     StatusOr<CaseResult> result =
         RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte,
-                peer_row.has_value() ? &*peer_row : nullptr);
+                with_peers ? peer_session.get() : nullptr);
+    if (result.ok() && result->peers_failure.has_value()) {
+      peers_failed = true;
+      fmt::print("peers FAILED: {}\n", *result->peers_failure);
+    }
+    if (result.ok() && !result->peers_versions.is_null()) peers_versions = result->peers_versions;
     if (!result.ok()) {
       ++failures;
       fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());

@@ -23,7 +23,9 @@ device here: the "device" data is a host array (for torch and numpy) and the pee
 array of the destination dtype.
 
 Each peer runs once untimed (the warm-up, which also checks the result's dtype, shape and a few
-values), then --repeats times; the median is reported. A peer whose module is missing or that
+values), then --repeats times, the peers taking turns (torch, jax, numpy, torch, ...) with a
+pause of PAUSE_SECONDS before each run; the median is reported. With --serve, ferry-bench --peers
+drives the turns: one run of every peer after each of ferry's own timed runs (see serve()). A peer whose module is missing or that
 raises gets null and "<peer>_error" (the reason). When jax's result shares the source's memory
 (device_put of an aligned dense array, np.asarray of a CPU jax array: zero-copy) the row has
 "jax_aliased": true: the time then copies nothing.
@@ -39,11 +41,14 @@ import math
 import mmap
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 
 PEERS = ("torch", "jax", "numpy")
+# Before each timed peer run: lets the thread pools of what ran before go idle.
+PAUSE_SECONDS = 0.05
 
 
 def scaled_count(full, scale, multiple_of=1):
@@ -219,46 +224,97 @@ def check(result, source, destination_dtype):
         raise ValueError("the result differs from the source")
 
 
-def time_method(run, repeats):
-    result = run()  # warm-up
+def time_once(run):
+    start = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
     del result
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-        del result
-    return statistics.median(times), times
+    return seconds
 
 
-def measure_peer(row, peer, source, destination_dtype, d2h, repeats):
-    row[f"{peer}_seconds_median"] = None
-    try:
-        if peer == "torch":
-            methods, device_source = torch_peer(source, destination_dtype)
-        elif peer == "jax":
-            methods, device_source = jax_peer(source, destination_dtype, d2h)
-        else:
-            methods, device_source = numpy_peer(source, destination_dtype)
-        source_address = buffer_address(device_source if device_source is not None else source)
-        best = None
-        for method, run in methods:
-            result = run()
-            check(result, source, destination_dtype)
-            aliased = buffer_address(result) == source_address
-            del result
-            median, times = time_method(run, repeats)
-            if best is None or median < best[1]:
-                best = (method, median, times, aliased)
-            time.sleep(0.2)  # let the thread pools of the last peer go idle
-        method, median, times, aliased = best
-        row[f"{peer}_seconds_median"] = median
-        row[f"{peer}_seconds_all"] = times
-        row[f"{peer}_method"] = method
-        if peer == "jax":
-            row["jax_aliased"] = aliased
-    except Exception as error:  # noqa: BLE001 - the reason is the result
-        row[f"{peer}_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+class CasePeers:
+    """One case's source and its peers, built, warmed up and checked: run_once() times every
+    peer's every method once; row() gives the case's row (each peer's best method by median)."""
+
+    def __init__(self, name, size):
+        self.name = name
+        self.row = {"case": name, "versions": versions()}
+        self.methods = {}  # peer -> [(method, run, aliased)]
+        self.times = {}  # (peer, method) -> [seconds]
+        try:
+            self.source, self.destination_dtype = CASES[name](size)
+        except Exception as error:  # noqa: BLE001 - e.g. no ml_dtypes for bfloat16
+            reason = f"{type(error).__name__}: {error}"
+            for peer in PEERS:
+                self.row[f"{peer}_seconds_median"] = None
+                self.row[f"{peer}_error"] = f"cannot build the source: {reason}"
+            self.source = None
+            return
+        self.row["source_dtype"] = str(self.source.dtype)
+        self.row["destination_dtype"] = str(self.destination_dtype)
+        self.row["dims"] = list(self.source.shape)
+        self.row["source_byte_strides"] = list(self.source.strides)
+        for peer in PEERS:
+            self._prepare(peer, name.startswith("d2h"))
+
+    def _prepare(self, peer, d2h):
+        """Builds the peer's methods and runs each once untimed (the warm-up and the check)."""
+        self.row[f"{peer}_seconds_median"] = None
+        try:
+            if peer == "torch":
+                methods, device_source = torch_peer(self.source, self.destination_dtype)
+            elif peer == "jax":
+                methods, device_source = jax_peer(self.source, self.destination_dtype, d2h)
+            else:
+                methods, device_source = numpy_peer(self.source, self.destination_dtype)
+            source_address = buffer_address(
+                device_source if device_source is not None else self.source)
+            checked = []
+            for method, run in methods:
+                result = run()
+                check(result, self.source, self.destination_dtype)
+                checked.append((method, run, buffer_address(result) == source_address))
+                del result
+            self.methods[peer] = checked
+        except Exception as error:  # noqa: BLE001 - the reason is the result
+            self.row[f"{peer}_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+    def run_once(self):
+        """Times each method of each peer once. A pause comes before each peer, so that the
+        thread pools of what ran before (the last peer, or ferry in --serve) have gone idle."""
+        for peer, methods in list(self.methods.items()):
+            try:
+                for method, run, _ in methods:
+                    time.sleep(PAUSE_SECONDS)
+                    self.times.setdefault((peer, method), []).append(time_once(run))
+            except Exception as error:  # noqa: BLE001 - the reason is the result
+                self.row[f"{peer}_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+                del self.methods[peer]
+        time.sleep(PAUSE_SECONDS)
+
+    def finish(self):
+        """The case's row; drops the source and the peers' buffers."""
+        for peer, methods in self.methods.items():
+            best = None
+            for method, _, aliased in methods:
+                times = self.times.get((peer, method), [])
+                if not times:
+                    continue
+                median = statistics.median(times)
+                if best is None or median < best[1]:
+                    best = (method, median, times, aliased)
+            if best is None:
+                self.row[f"{peer}_error"] = "never timed"
+                continue
+            method, median, times, aliased = best
+            self.row[f"{peer}_seconds_median"] = median
+            self.row[f"{peer}_seconds_all"] = times
+            self.row[f"{peer}_method"] = method
+            if peer == "jax":
+                self.row["jax_aliased"] = aliased
+        self.methods = {}
+        self.source = None
+        return self.row
 
 
 def versions():
@@ -271,34 +327,55 @@ def versions():
     return found
 
 
+def serve(size):
+    """--serve: one JSON command per line on stdin, one JSON reply per line on stdout.
+      {"op": "prepare", "case": NAME}  builds the case's peers -> {"ok": true}
+      {"op": "run"}                     times each peer once   -> {"ok": true}
+      {"op": "finish"}                  the case's row, as the one-shot mode prints it
+    ferry-bench --peers drives it, one "run" after each of ferry's timed runs, so that ferry and
+    its peers are timed turn by turn under the same conditions of the machine. Replies go to the
+    original stdout alone: whatever a library prints there goes to stderr instead."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    case = None
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command.get("op")
+        try:
+            if op == "prepare":
+                case = CasePeers(command["case"], size)
+                reply = {"ok": True}
+            elif op == "run":
+                case.run_once()
+                reply = {"ok": True}
+            elif op == "finish":
+                reply = case.finish()
+                case = None
+            else:
+                reply = {"ok": False, "error": f"unknown op {op!r}"}
+        except Exception as error:  # noqa: BLE001 - the driver reports it
+            reply = {"ok": False, "error": f"{type(error).__name__}: {error}"[:300]}
+        print(json.dumps(reply), file=replies, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=float, default=1.0, help="scale of every case's size")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--serve", action="store_true",
+                        help="take commands on stdin (ferry-bench --peers drives this)")
     args = parser.parse_args()
+    if args.serve:
+        serve(args.size)
+        return
     rows = []
-    found = versions()
     for name in args.case:
-        row = {"case": name, "versions": found}
-        try:
-            source, destination_dtype = CASES[name](args.size)
-        except Exception as error:  # noqa: BLE001 - e.g. no ml_dtypes for bfloat16
-            reason = f"{type(error).__name__}: {error}"
-            for peer in PEERS:
-                row[f"{peer}_seconds_median"] = None
-                row[f"{peer}_error"] = f"cannot build the source: {reason}"
-            rows.append(row)
-            continue
-        row["source_dtype"] = str(source.dtype)
-        row["destination_dtype"] = str(destination_dtype)
-        row["dims"] = list(source.shape)
-        row["source_byte_strides"] = list(source.strides)
-        for peer in PEERS:
-            measure_peer(row, peer, source, destination_dtype, name.startswith("d2h"),
-                         args.repeats)
-        del source
-        rows.append(row)
+        case = CasePeers(name, args.size)
+        for _ in range(args.repeats):
+            case.run_once()
+        rows.append(case.finish())
+        del case
     print(json.dumps({"results": rows}))
 
 
