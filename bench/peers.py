@@ -237,6 +237,8 @@ class CasePeers:
     peer's every method once; row() gives the case's row (each peer's best method by median)."""
 
     def __init__(self, name, size):
+        if name not in CASES:
+            raise ValueError(f"unknown case {name!r}")
         self.name = name
         self.row = {"case": name, "versions": versions()}
         self.methods = {}  # peer -> [(method, run, aliased)]

@@ -37,6 +37,8 @@ echo "=== Python package (pip install . into .venv) and pytest ==="
 python=$("$root/scripts/python_env.sh" | tail -n 1)
 CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$python" -m pip install -q --no-build-isolation \
   --no-deps --disable-pip-version-check "$root"
-(cd "$root/tests/python" && "$python" -m pytest -q -p no:cacheprovider)
+# FERRY_BENCH: the bench's --peers run is tested end to end too (tests/python/test_bench_peers.py).
+(cd "$root/tests/python" &&
+  FERRY_BENCH="$root/build/plain/ferry-bench" "$python" -m pytest -q -p no:cacheprovider)
 
 echo "=== all test suites passed ==="

@@ -1,0 +1,103 @@
+"""bench/peers.py, the peers of ferry-bench --peers: its --serve protocol (which ferry-bench drives
+turn by turn with its own runs) and, when FERRY_BENCH names a built ferry-bench (scripts/test.sh
+sets it), the whole --peers run end to end at a tiny size."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PEERS = ROOT / "bench" / "peers.py"
+SIZE = "0.002"  # 4096^2 f32 cases become 183^2: milliseconds per run
+
+
+class Server:
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, str(PEERS), "--serve", "--size", SIZE], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+
+    def call(self, **command):
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self):
+        self.process.stdin.close()
+        assert self.process.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def server():
+    started = Server()
+    yield started
+    started.close()
+
+
+def peer_available(name):
+    try:
+        __import__(name)
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.parametrize("case", ["h2d_strided_slice", "h2d_convert_f32_bf16",
+                                  "d2h_upcast_bf16_f32"])
+def test_serve_times_each_peer_once_per_run(server, case):
+    assert server.call(op="prepare", case=case) == {"ok": True}
+    for _ in range(3):
+        assert server.call(op="run") == {"ok": True}
+    row = server.call(op="finish")
+    assert row["case"] == case
+    for peer in ("torch", "jax", "numpy"):
+        if peer != "numpy" and not peer_available(peer):
+            assert row[f"{peer}_seconds_median"] is None and f"{peer}_error" in row
+            continue
+        assert f"{peer}_error" not in row, row.get(f"{peer}_error")
+        times = row[f"{peer}_seconds_all"]
+        assert len(times) == 3 and all(t > 0 for t in times)
+        assert row[f"{peer}_seconds_median"] == sorted(times)[1]
+        assert row[f"{peer}_method"]
+
+
+def test_serve_reports_bad_commands_and_keeps_serving(server):
+    unknown_op = server.call(op="bogus")
+    assert unknown_op["ok"] is False and "bogus" in unknown_op["error"]
+    unknown_case = server.call(op="prepare", case="no_such_case")
+    assert unknown_case["ok"] is False and "no_such_case" in unknown_case["error"]
+    assert server.call(op="prepare", case="h2d_contiguous") == {"ok": True}
+    assert server.call(op="run") == {"ok": True}
+    assert server.call(op="finish")["numpy_seconds_median"] > 0
+
+
+def test_one_shot_mode_prints_the_same_rows():
+    output = subprocess.run(
+        [sys.executable, str(PEERS), "--size", SIZE, "--repeats", "2", "--case",
+         "h2d_transposed"], check=True, capture_output=True, text=True).stdout
+    (row,) = json.loads(output)["results"]
+    assert row["case"] == "h2d_transposed"
+    assert row["source_byte_strides"] == [4, 4 * row["dims"][0]]  # the .T of a square
+    assert len(row["numpy_seconds_all"]) == 2
+
+
+@pytest.mark.skipif("FERRY_BENCH" not in os.environ,
+                    reason="FERRY_BENCH does not name a built ferry-bench (scripts/test.sh sets it)")
+def test_ferry_bench_peers_end_to_end(tmp_path):
+    result_file = tmp_path / "bench.json"
+    run = subprocess.run(
+        [os.environ["FERRY_BENCH"], "--peers", "--python", sys.executable, "--size", SIZE,
+         "--repeats", "5", "--case", "h2d_transposed,d2h_upcast_bf16_f32,h2d_many_small",
+         "--json", str(result_file)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {row["case"]: row for row in json.loads(result_file.read_text())["results"]}
+    for case in ("h2d_transposed", "d2h_upcast_bf16_f32"):
+        row = rows[case]
+        assert row["vs_numpy"] > 0
+        assert len(row["numpy_seconds_all"]) == 5  # one numpy run per ferry run
+        assert row["vs_numpy"] == pytest.approx(row["numpy_seconds_median"] / row["seconds_median"])
+    assert "vs_torch" not in rows["h2d_many_small"]  # no peers for that case
