@@ -226,10 +226,10 @@ void TransposeBand(const std::byte* src, int64_t src_column_stride, std::byte* d
 
 // GatherEveryOtherFn (convert_simd.h) around a level's `Gather::Step<kStream>(src, dst)`, which
 // writes Gather::kStepBytes (a divisor of 64) of destination from twice that of source, and
-// Gather::kSize, the element size. kRows rows at once, interleaved step by step (two read streams
-// per core keep more lines in flight than one); their destinations must lie at the same offset
-// from a 64-byte boundary. Streamed from that boundary on; the ends, and a destination not aligned
-// to the element size, are copied element by element.
+// Gather::kSize, the element size. kRows rows at once, interleaved step by step (several read
+// streams per core keep more lines in flight than one); their destinations must lie at the same
+// offset from a 64-byte boundary. Streamed from that boundary on; the ends, and a destination not
+// aligned to the element size, are copied element by element.
 template <typename Gather, int64_t kRows>
 void GatherEveryOtherLines(const std::byte* const* src, std::byte* const* dst, int64_t count,
                            bool stream) {
@@ -268,23 +268,35 @@ void GatherEveryOtherLines(const std::byte* const* src, std::byte* const* dst, i
   copy_elements(count);
 }
 
+// kRows rows from row `r` on, as long as kRows of them are left.
+template <typename Gather, int64_t kRows>
+void GatherEveryOtherRowGroups(const std::byte* src, int64_t src_row_stride, std::byte* dst,
+                               int64_t dst_row_stride, int64_t rows, int64_t count, bool stream,
+                               int64_t& r) {
+  for (; r + kRows <= rows; r += kRows) {
+    const std::byte* sources[kRows];
+    std::byte* destinations[kRows];
+    for (int64_t k = 0; k < kRows; ++k) {
+      sources[k] = src + (r + k) * src_row_stride;
+      destinations[k] = dst + (r + k) * dst_row_stride;
+    }
+    GatherEveryOtherLines<Gather, kRows>(sources, destinations, count, stream);
+  }
+}
+
+// Four rows at a time when their destinations share their offset from a 64-byte boundary (four
+// read streams per core were 7-15% faster than two on the [::2, ::2] case here, software
+// prefetch slower), then one by one.
 template <typename Gather>
 void GatherEveryOther(const std::byte* src, int64_t src_row_stride, std::byte* dst,
                       int64_t dst_row_stride, int64_t rows, int64_t count, bool stream) {
   int64_t r = 0;
   if (dst_row_stride % 64 == 0) {
-    for (; r + 2 <= rows; r += 2) {
-      const std::byte* const sources[2] = {src + r * src_row_stride,
-                                           src + (r + 1) * src_row_stride};
-      std::byte* const destinations[2] = {dst + r * dst_row_stride, dst + (r + 1) * dst_row_stride};
-      GatherEveryOtherLines<Gather, 2>(sources, destinations, count, stream);
-    }
+    GatherEveryOtherRowGroups<Gather, 4>(src, src_row_stride, dst, dst_row_stride, rows, count,
+                                         stream, r);
   }
-  for (; r < rows; ++r) {
-    const std::byte* const source = src + r * src_row_stride;
-    std::byte* const destination = dst + r * dst_row_stride;
-    GatherEveryOtherLines<Gather, 1>(&source, &destination, count, stream);
-  }
+  GatherEveryOtherRowGroups<Gather, 1>(src, src_row_stride, dst, dst_row_stride, rows, count,
+                                       stream, r);
 }
 
 }  // namespace
