@@ -43,6 +43,10 @@ struct PreparedCase {
   std::vector<Device*> devices;
   // Set when the case cannot run on this backend: it is reported as skipped, not failed.
   std::optional<std::string> skip_reason;
+  // Set by the dense h2d cases that write half the bytes they read (f32 -> bf16/f16, f64 -> f32):
+  // the bytes written. The case then also times MeasureHalvingFloor (floor_pass.h) over buffers of
+  // its sizes, for floor_seconds, vs_floor and vs_staged_bound.
+  int64_t halving_floor_bytes = 0;
   // Whether the case gets vs_raw_clwrite when raw_clwrite ran before it (h2d dense and converts).
   bool compare_to_raw_clwrite = false;
   Json details = Json::object();

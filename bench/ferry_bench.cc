@@ -44,6 +44,7 @@
 #include "ferry/runtime/tensor_source.h"
 #include "ferry/runtime/transfer.h"
 #include "file_put_cases.h"
+#include "floor_pass.h"
 #include "fmt/format.h"
 #include "heap_accounting.h"
 #include "nlohmann/json.hpp"
@@ -233,6 +234,9 @@ StatusOr<PreparedCase> PrepareH2DDense(const CaseContext& context, DType source_
       prepared,
       MakeH2DCase({TensorSource::FromHostTensor(std::move(tensor), name)}, device_dtype, context));
   prepared.compare_to_raw_clwrite = true;
+  if (device_dtype.has_value() && 2 * DTypeSize(*device_dtype) == DTypeSize(source_dtype)) {
+    prepared.halving_floor_bytes = count * DTypeSize(*device_dtype);
+  }
   return prepared;
 }
 
@@ -640,9 +644,20 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   std::memset(memcpy_source.get(), 0x5a, static_cast<size_t>(prepared.bytes));
   std::memset(memcpy_destination.get(), 0xa5, static_cast<size_t>(prepared.bytes));
   MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes);  // warm-up
+  // The floor pass's buffers: huge pages like the case's source and device memory, written once.
+  std::optional<HostTensor> floor_source, floor_destination;
+  if (prepared.halving_floor_bytes > 0) {
+    FERRY_ASSIGN_OR_RETURN(floor_source,
+                           HostTensor::Allocate(DType::kU8, {2 * prepared.halving_floor_bytes}));
+    FERRY_ASSIGN_OR_RETURN(floor_destination,
+                           HostTensor::Allocate(DType::kU8, {prepared.halving_floor_bytes}));
+    std::memset(floor_source->data(), 0x5a, static_cast<size_t>(floor_source->size_bytes()));
+    std::memset(floor_destination->data(), 0xa5,
+                static_cast<size_t>(floor_destination->size_bytes()));
+  }
 
   std::vector<double> memcpy_seconds, memcpy_fresh_seconds, copy_peak_seconds, ferry_seconds,
-      staged_seconds;
+      staged_seconds, floor_seconds;
   int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
   // Ferry and its peers take turns, so that a drift of the machine's memory bandwidth (it has
   // phases minutes long here) reaches both alike.
@@ -673,6 +688,13 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
     copy_peak_seconds.push_back(
         MeasureParallelMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
+    if (floor_source.has_value()) {
+      if (const std::optional<double> floor = MeasureHalvingFloor(
+              static_cast<const std::byte*>(floor_source->data()),
+              static_cast<std::byte*>(floor_destination->data()), prepared.halving_floor_bytes)) {
+        floor_seconds.push_back(*floor);
+      }
+    }
     if (prepared.staged != nullptr) {
       FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
                                                         /*account_heap=*/false));
@@ -721,6 +743,14 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   json["vs_memcpy_fresh"] = Median(memcpy_fresh_seconds) / seconds;
   json["memcpy_fresh_seconds_median"] = Median(memcpy_fresh_seconds);
   json["staged_seconds_median"] = has_staged ? Json(staged_median) : Json(nullptr);
+  if (!floor_seconds.empty()) {
+    // The best floor pass: no transfer of these bytes can be faster here, so neither can the
+    // staged path's time over it be beaten by any fused path: vs_staged's ceiling in this run.
+    const double floor = *std::min_element(floor_seconds.begin(), floor_seconds.end());
+    json["floor_seconds"] = floor;
+    json["vs_floor"] = floor / seconds;
+    if (has_staged) json["vs_staged_bound"] = staged_median / floor;
+  }
   json["tensors"] = prepared.tensors;
   std::string notes;
   auto add_note = [&notes](const std::string& note) { AddNote(notes, note); };
@@ -735,6 +765,15 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
         *raw_clwrite_seconds_per_byte * static_cast<double>(prepared.bytes) / seconds;
     json["vs_raw_clwrite"] = vs_raw;
     add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
+  }
+  if (json.contains("floor_seconds")) {
+    std::string note = fmt::format("floor pass {} (ferry {:.2f}x of it)",
+                                   FormatSeconds(json["floor_seconds"].get<double>()),
+                                   json["vs_floor"].get<double>());
+    if (json.contains("vs_staged_bound")) {
+      note += fmt::format(": vs staged {:.2f}x at most", json["vs_staged_bound"].get<double>());
+    }
+    add_note(note);
   }
   if (peer_row.has_value()) AddPeerComparison(*peer_row, seconds, json, notes);
   if (!has_staged) add_note(prepared.no_staged_note);
@@ -754,6 +793,8 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   if (prepared.after_timing) {
     memcpy_source.reset();  // the yardstick's memory is not needed by what runs next
     memcpy_destination.reset();
+    floor_source.reset();
+    floor_destination.reset();
     prepared.after_timing(json, notes);
   }
 

@@ -91,7 +91,8 @@ def test_ferry_bench_peers_end_to_end(tmp_path):
     result_file = tmp_path / "bench.json"
     run = subprocess.run(
         [os.environ["FERRY_BENCH"], "--peers", "--python", sys.executable, "--size", SIZE,
-         "--repeats", "5", "--case", "h2d_transposed,d2h_upcast_bf16_f32,h2d_many_small",
+         "--repeats", "5", "--case",
+         "h2d_transposed,d2h_upcast_bf16_f32,h2d_many_small,h2d_convert_f64_f32",
          "--json", str(result_file)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {row["case"]: row for row in json.loads(result_file.read_text())["results"]}
@@ -101,3 +102,13 @@ def test_ferry_bench_peers_end_to_end(tmp_path):
         assert len(row["numpy_seconds_all"]) == 5  # one numpy run per ferry run
         assert row["vs_numpy"] == pytest.approx(row["numpy_seconds_median"] / row["seconds_median"])
     assert "vs_torch" not in rows["h2d_many_small"]  # no peers for that case
+    # The floor pass of the converting case that halves its bytes: vs_staged's ceiling (an AVX2
+    # pass: a CPU without AVX2 has no floor fields).
+    converted = rows["h2d_convert_f64_f32"]
+    if " avx2" not in pathlib.Path("/proc/cpuinfo").read_text():
+        assert "floor_seconds" not in converted
+        return
+    assert converted["floor_seconds"] > 0
+    assert converted["vs_staged_bound"] == pytest.approx(
+        converted["staged_seconds_median"] / converted["floor_seconds"])
+    assert "floor_seconds" not in rows["h2d_transposed"]
