@@ -229,12 +229,8 @@ TEST(TransferTest, LargeBatchesOfSmallSourcesStartInParallelInOrder) {
       ASSERT_FALSE(data.ok());
       EXPECT_THAT(std::string(data.status().message()), HasSubstr("'first_bad'"));
       // The large source was started asynchronously: the call has waited until it was read, and
-      // its device memory goes back when the engine drops the finished job, just after. Nothing
-      // may stay (a 10 s deadline, not a timing assertion).
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (device->bytes_in_use() != 0 && std::chrono::steady_clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
+      // the job let go of its device memory before saying so (host_client.cc), so the handles
+      // the failed call dropped have given every byte back by the time it returns.
       EXPECT_EQ(device->bytes_in_use(), 0);
       continue;
     }

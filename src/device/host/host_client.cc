@@ -131,11 +131,15 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
   }
 
   // kImmutableUntilTransferCompletes: the engine owns the rest. Ready completes only after
-  // on_done has returned, so "ready" also means "the source has been released".
+  // on_done has returned, so "ready" also means "the source has been released". The job keeps the
+  // device memory alive while its chunks write it (the buffer may be dropped mid-transfer) and
+  // lets go of it before on_done: a caller woken by on_done that drops the buffer then frees the
+  // memory itself, rather than leaving it to whenever the engine destroys the finished job.
   Promise<> ready;
   auto buffer = make_buffer(ready.future());
   FERRY_RETURN_IF_ERROR(engine_->Submit(
       std::move(plan), [ready, on_done = std::move(on_done), allocation](Status status) mutable {
+        allocation.reset();
         if (on_done) {
           // Destroy the callback, and what it captured (the source's keep-alive), before Ready.
           OnDoneWithHostBuffer release = std::move(on_done);
