@@ -366,12 +366,19 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   std::vector<double> memcpy_seconds, memcpy_fresh_seconds, copy_peak_seconds, ferry_seconds,
       staged_seconds, floor_seconds;
   int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
-  // Ferry and its peers take turns, so that a drift of the machine's memory bandwidth (it has
-  // phases minutes long here) reaches both alike.
+  // Ferry, its floor pass and its peers take turns, so that a drift of the machine's memory
+  // bandwidth (it has phases minutes long here) reaches them alike.
   for (int run = 0; run < repeats; ++run) {
     FERRY_ASSIGN_OR_RETURN(Sample ferry,
                            MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
     ferry_seconds.push_back(ferry.seconds);
+    if (floor_source.has_value()) {
+      if (const std::optional<double> floor = MeasureHalvingFloor(
+              static_cast<const std::byte*>(floor_source->data()),
+              static_cast<std::byte*>(floor_destination->data()), prepared.halving_floor_bytes)) {
+        floor_seconds.push_back(*floor);
+      }
+    }
     if (peers != nullptr && !result.peers_failure.has_value()) {
       if (Status status = peers->RunOnce(); !status.ok()) result.peers_failure = status.ToString();
     }
@@ -395,13 +402,6 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
     memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
     copy_peak_seconds.push_back(
         MeasureParallelMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
-    if (floor_source.has_value()) {
-      if (const std::optional<double> floor = MeasureHalvingFloor(
-              static_cast<const std::byte*>(floor_source->data()),
-              static_cast<std::byte*>(floor_destination->data()), prepared.halving_floor_bytes)) {
-        floor_seconds.push_back(*floor);
-      }
-    }
     if (prepared.staged != nullptr) {
       FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
                                                         /*account_heap=*/false));
