@@ -112,3 +112,20 @@ def test_ferry_bench_peers_end_to_end(tmp_path):
     assert converted["vs_staged_bound"] == pytest.approx(
         converted["staged_seconds_median"] / converted["floor_seconds"])
     assert "floor_seconds" not in rows["h2d_transposed"]
+
+
+@pytest.mark.skipif("FERRY_BENCH" not in os.environ,
+                    reason="FERRY_BENCH does not name a built ferry-bench (scripts/test.sh sets it)")
+def test_ferry_bench_reports_peers_that_cannot_start(tmp_path):
+    result_file = tmp_path / "bench.json"
+    run = subprocess.run(
+        [os.environ["FERRY_BENCH"], "--peers", "--python", str(tmp_path / "no-such-python"),
+         "--size", SIZE, "--repeats", "5", "--case", "h2d_strided_slice", "--json",
+         str(result_file)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1  # the case ran; its peers failed
+    assert "peers FAILED" in run.stdout
+    (row,) = json.loads(result_file.read_text())["results"]
+    assert row["seconds_median"] > 0
+    for peer in ("torch", "jax", "numpy"):
+        assert row[f"vs_{peer}"] is None
+        assert "no-such-python" in row[f"{peer}_error"]
