@@ -6,6 +6,8 @@
 // call count; and it holds a keep-alive whose expiry shows the callback object itself was
 // released.
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -158,6 +160,29 @@ TEST_P(ConformanceSemantics, UntilTransferCompletesRunsOnDoneOnceOnARuntimeThrea
         << "the device data differs from the source (read after on_done?)";
     buffer.reset();
     EXPECT_EQ(record->Calls(), 1);
+  }
+}
+
+// kImmutableUntilTransferCompletes: once on_done has run, the backend holds the device memory
+// only through the buffer: a caller woken by on_done that drops the buffer has given every byte
+// back (the runtime relies on it: a failed batch releases what it started before returning).
+TEST_P(ConformanceSemantics, UntilTransferCompletesHoldsNoMemoryBesideTheBufferAfterOnDone) {
+  for (const SourceCase& source_case : CopyingCases()) {
+    SCOPED_TRACE(source_case.name);
+    if (!Holds({source_case.device_dtype})) continue;
+    Source source = MakeSource(rng(), source_case);
+    const int64_t bytes_before = device()->bytes_in_use();
+    std::promise<void> read;
+    std::future<void> source_read = read.get_future();
+    CT_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<Buffer> buffer,
+        client().BufferFromHostBuffer(source.view, source_case.device_dtype, device(),
+                                      HostBufferSemantics::kImmutableUntilTransferCompletes,
+                                      [&read] { read.set_value(); }));
+    ASSERT_EQ(source_read.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    buffer.reset();
+    EXPECT_EQ(device()->bytes_in_use(), bytes_before)
+        << "device memory still held by the finished transfer after its buffer was dropped";
   }
 }
 

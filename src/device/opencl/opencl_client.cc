@@ -404,13 +404,17 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
     return make_buffer(enqueued_now);
   }
 
-  // Staged on the ring's worker: this call returns at once.
+  // Staged on the ring's worker: this call returns at once. The job holds the device memory only
+  // until its chunks are enqueued (they keep the cl_mem alive on their own): when its Done is the
+  // last piece, on_done runs from it, and a caller woken by on_done that drops the buffer must
+  // find the memory given back.
   auto counter =
       std::make_shared<PieceCounter>(std::move(token), FinishWrite(std::move(on_done), ready));
   Promise<> enqueued;
   FERRY_RETURN_IF_ERROR(ring.Submit(
-      [counter, memory, src, device_dtype, ring = &ring, enqueued, what](Status status) {
+      [counter, memory, src, device_dtype, ring = &ring, enqueued, what](Status status) mutable {
         if (status.ok()) status = StagedWrite(*ring, src, device_dtype, *memory, counter, what);
+        memory.reset();
         enqueued.Set(status);
         counter->Done(std::move(status));
       }));
