@@ -200,6 +200,38 @@ TEST(TransferTest, BatchIsAllOrNothingAndKeepsEarlierData) {
   EXPECT_EQ(0, std::memcmp(back[0].data(), batch[0]->view().data, 4096));  // same fill pattern
 }
 
+// All or nothing on every backend: a batch whose large sources were started asynchronously (one
+// written directly, one converted through staging chunks on OpenCL) before a later source failed
+// has given back every device byte by the time the call returns.
+TEST(TransferTest, FailedBatchHasGivenBackEveryDeviceByteOnReturnOnEveryBackend) {
+  for (const char* backend : {"host", "opencl"}) {
+    SCOPED_TRACE(backend);
+    StatusOr<std::unique_ptr<Client>> client = CreateClient(backend);
+    if (!client.ok()) {
+      // Only OpenCL may be missing here (no library, platform or device).
+      ASSERT_EQ(std::string(backend), "opencl") << client.status();
+      GTEST_LOG_(INFO) << "skipping opencl: " << client.status();
+      continue;
+    }
+    Device* device = (*client)->devices()[0];
+    const int64_t bytes_before = device->bytes_in_use();
+    std::vector<std::shared_ptr<const TensorSource>> batch = {
+        MakeSource(DType::kF32, {1 << 20}, "large_direct"),
+        MakeSource(DType::kF32, {1 << 20}, "large_converted")};
+    for (int i = 0; i < 8; ++i) batch.push_back(MakeSource(DType::kF32, {256}, "small"));
+    batch.push_back(MakeSource(DType::kC64, {8}, "bad"));  // complex cannot be stored as f32
+    TransferToDeviceOptions options;
+    options.device_dtypes.assign(batch.size(), DType::kF32);
+    options.device_dtypes[1] = DType::kBF16;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      StatusOr<std::vector<DataPtr>> data = TransferToDevice(batch, device, options);
+      ASSERT_FALSE(data.ok());
+      EXPECT_THAT(std::string(data.status().message()), HasSubstr("'bad'"));
+      ASSERT_EQ(device->bytes_in_use(), bytes_before) << "attempt " << attempt;
+    }
+  }
+}
+
 // A batch of many small sources is started on every core (transfer_internal.h,
 // kParallelMinTransfers): every tensor must still land in its own handle, in order, and a failure
 // must name the first failing source in order and leave nothing on the device.
