@@ -56,9 +56,11 @@ def test_async_and_zero_copy_semantics_deliver_the_data(device):
 
 def test_zero_copy_aliases_dense_aligned_arrays_on_the_host():
     ferry.reset_metrics()
-    x = np.zeros(4096, dtype=np.float32)  # numpy aligns large allocations to 64 bytes
-    if x.ctypes.data % 64:
-        pytest.skip("numpy did not 64-byte-align this allocation")
+    # numpy aligns its allocations to 16 bytes only: take a 64-byte-aligned slice of a larger one.
+    storage = np.zeros(4096 + 16, dtype=np.float32)
+    start = (-storage.ctypes.data % 64) // storage.itemsize
+    x = storage[start:start + 4096]
+    assert x.ctypes.data % 64 == 0
     a = ferry.device_put(x, "host:0", semantics="zero_copy")
     assert ferry.metrics()["ZeroCopyAliases"] == 1
     np.testing.assert_array_equal(a.to_numpy(), x)
