@@ -24,11 +24,12 @@ array of the destination dtype.
 
 Each peer runs once untimed (the warm-up, which also checks the result's dtype, shape and a few
 values), then --repeats times, the peers taking turns (torch, jax, numpy, torch, ...) with a
-pause of PAUSE_SECONDS before each run; the median is reported. With --serve, ferry-bench --peers
-drives the turns: one run of every peer after each of ferry's own timed runs (see serve()). A peer whose module is missing or that
-raises gets null and "<peer>_error" (the reason). When jax's result shares the source's memory
-(device_put of an aligned dense array, np.asarray of a CPU jax array: zero-copy) the row has
-"jax_aliased": true: the time then copies nothing.
+pause of PAUSE_SECONDS before each run; the median is reported. With --serve, ferry-bench
+--peers drives the turns: one run of every peer after each of ferry's own timed runs (see
+serve()). A peer whose module is missing or that raises gets null and "<peer>_error" (the
+reason). When jax's result shares the source's memory (device_put of an aligned dense array,
+np.asarray of a CPU jax array: zero-copy) the row has "jax_aliased": true: the time then copies
+nothing.
 
 Prints {"results": [{"case", "versions", "torch_seconds_median", "torch_seconds_all",
 "torch_method" (or "torch_error"), "jax_...", "jax_aliased", "numpy_..."}]} on stdout.
@@ -234,12 +235,12 @@ def time_once(run):
 
 class CasePeers:
     """One case's source and its peers, built, warmed up and checked: run_once() times every
-    peer's every method once; row() gives the case's row (each peer's best method by median)."""
+    peer's every method once; finish() gives the case's row (each peer's best method by
+    median)."""
 
     def __init__(self, name, size):
         if name not in CASES:
             raise ValueError(f"unknown case {name!r}")
-        self.name = name
         self.row = {"case": name, "versions": versions()}
         self.methods = {}  # peer -> [(method, run, aliased)]
         self.times = {}  # (peer, method) -> [seconds]
