@@ -58,7 +58,8 @@ std::vector<ConformanceBackend> RegisteredConformanceBackends() {
 void PrintTo(const ConformanceBackend& backend, std::ostream* os) { *os << backend.name; }
 
 std::string ConformanceBackendTestName(const testing::TestParamInfo<ConformanceBackend>& info) {
-  return info.param.name;
+  return info.param.variant.empty() ? info.param.name
+                                    : info.param.name + "_" + info.param.variant;
 }
 
 void ConformanceTest::SetUp() {

@@ -60,6 +60,9 @@ struct ConformanceBackend {
   // The backend's name ([A-Za-z0-9_]+); the suffix of every test name. `Client::backend()` and
   // the device names ("<name>:<index>") must use it.
   std::string name;
+  // A second registration of the same backend under other options ("plugin_paths"): the test
+  // names end in "<name>_<variant>"; empty for the backend's own registration.
+  std::string variant = {};
   // Creates a client. Unavailable means "cannot run on this machine": every test skips.
   std::function<StatusOr<std::unique_ptr<Client>>(const ClientOptions&)> make_client;
 

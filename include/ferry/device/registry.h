@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "ferry/core/status.h"
@@ -24,6 +25,21 @@ struct ClientOptions {
   std::optional<DeviceCapabilities> capabilities = std::nullopt;
   // Worker threads of the backend's transfer engine; nullopt: the number of cores.
   std::optional<int> num_worker_threads = std::nullopt;
+
+  // The pjrt backend's plugin: a path to its shared library, or the name of an installed Python
+  // package that ships one ("xla_cpu_pjrt"). nullopt: FERRY_PJRT_PLUGIN, else the first plugin
+  // found among installed packages (src/device/pjrt/pjrt_library.h says where ferry looks).
+  std::optional<std::string> pjrt_plugin = std::nullopt;
+  // Options handed to the plugin's PJRT_Client_Create as named values, e.g.
+  // {"cpu_device_count", int64_t{4}}: int64, float (double here), bool, string or int64 list.
+  // Which names a plugin takes is the plugin's business; some refuse names they do not know.
+  using PluginOptionValue = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>>;
+  std::map<std::string, PluginOptionValue> plugin_options = {};
+  // pjrt: write device memory that the host can address (the CPU plugin's) directly, through
+  // ferry's own kernels and warm memory. nullopt: when the plugin's buffers are on the CPU;
+  // false: always through the plugin's own transfer entries, as on a GPU (tests use it to run
+  // those paths here).
+  std::optional<bool> pjrt_direct_host_access = std::nullopt;
 };
 
 // Creates a client. The caller owns it. Returns Unavailable (with the reason) for a backend that

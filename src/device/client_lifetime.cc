@@ -1,0 +1,56 @@
+#include "src/device/client_lifetime.h"
+
+#include "fmt/format.h"
+
+namespace ferry {
+
+ClientLifetime::Token& ClientLifetime::Token::operator=(Token&& other) noexcept {
+  if (this != &other) {
+    Release();
+    lifetime_ = std::move(other.lifetime_);
+  }
+  return *this;
+}
+
+void ClientLifetime::Token::Release() {
+  if (lifetime_ == nullptr) return;
+  std::shared_ptr<ClientLifetime> lifetime = std::move(lifetime_);
+  lifetime->End();
+}
+
+StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
+    const std::shared_ptr<ClientLifetime>& lifetime, std::string_view what) {
+  {
+    std::lock_guard<std::mutex> lock(lifetime->mutex_);
+    if (lifetime->closed_) {
+      return FailedPreconditionError(
+          fmt::format("{}: the {} client has been shut down", what, lifetime->backend_));
+    }
+    ++lifetime->in_flight_;
+  }
+  return Token(lifetime);
+}
+
+bool ClientLifetime::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+void ClientLifetime::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  closed_ = true;
+}
+
+void ClientLifetime::WaitUntilIdle() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return in_flight_ == 0; });
+}
+
+void ClientLifetime::End() {
+  // Notified under the lock: the waiter cannot return (and destroy the client) before this
+  // thread has let go of the mutex; the lifetime itself is kept alive by the caller's reference.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (--in_flight_ == 0) idle_.notify_all();
+}
+
+}  // namespace ferry

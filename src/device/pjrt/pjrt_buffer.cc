@@ -1,0 +1,264 @@
+#include "src/device/pjrt/pjrt_buffer.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <deque>
+#include <utility>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/metrics.h"
+#include "fmt/format.h"
+#include "src/device/pjrt/pjrt_client.h"
+
+namespace ferry::pjrt {
+namespace {
+
+constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
+// Partial reads in flight at once (of the client's StagingPool::kDefaultChunks).
+constexpr int kReadWindow = 2;
+
+class ReadCounter {
+ public:
+  ReadCounter(Promise<> done, ClientLifetime::Token token)
+      : done_(std::move(done)), token_(std::move(token)) {}
+  void Add() { pending_.fetch_add(1, std::memory_order_relaxed); }
+  void Done(Status status) {
+    if (!status.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (first_error_.ok()) first_error_ = std::move(status);
+    }
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Status result;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      result = first_error_;
+    }
+    done_.Set(std::move(result));
+    token_.Release();
+  }
+
+ private:
+  Promise<> done_;
+  ClientLifetime::Token token_;
+  std::atomic<int64_t> pending_{1};
+  std::mutex mutex_;
+  Status first_error_;
+};
+
+}  // namespace
+
+PjrtBufferHandle::~PjrtBufferHandle() {
+  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = buffer_;
+  runtime_->Check(runtime_->api().PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy").IgnoreError();
+}
+
+namespace {
+
+int64_t DenseBytes(const PjrtBufferParts& parts) {
+  int64_t count = 1;
+  for (int64_t dim : parts.dims) count *= dim;
+  return count * DTypeSize(parts.device_dtype);
+}
+
+PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts) {
+  auto* client = static_cast<PjrtClient*>(device->client());
+  const int64_t size_bytes = DenseBytes(parts);
+  return {.parts = std::move(parts),
+          .device_name = device->name(),
+          .lifetime = client->runtime()->lifetime(),
+          .client = client,
+          .size_bytes = size_bytes};
+}
+
+}  // namespace
+
+PjrtBuffer::PjrtBuffer(PjrtDevice* device, PjrtBufferParts parts)
+    : device_(device), source_(MakeReadSource(device, std::move(parts))) {}
+
+Device* PjrtBuffer::device() const { return device_; }
+
+StatusOr<HostView> PjrtBuffer::HostAccessibleView() const {
+  if (lifetime_->closed()) {
+    return FailedPreconditionError(
+        fmt::format("HostAccessibleView on {}: the pjrt client has been shut down", device_name_));
+  }
+  if (parts_.host_address == nullptr && size_bytes_ > 0) {
+    return UnimplementedError(fmt::format(
+        "HostAccessibleView: the memory of {} is not addressable from the host", device_name_));
+  }
+  return HostView::Dense(parts_.host_address, parts_.device_dtype, parts_.dims);
+}
+
+Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
+  if (Status status = CheckToHostArgs(parts_.dims, parts_.device_dtype, dst); !status.ok()) {
+    return Future<>::Ready(std::move(status));
+  }
+  StatusOr<ClientLifetime::Token> token =
+      ClientLifetime::Begin(lifetime_, fmt::format("ToHost from {}", device_name_));
+  if (!token.ok()) return Future<>::Ready(token.status());
+  Promise<> done;
+  Future<> result = done.future();
+  if (parts_.ready.IsReady()) {
+    // The common case: the read starts on the caller's thread.
+    if (!parts_.ready.Await().ok()) return parts_.ready;
+    if (Status started = StartRead(source_, dst, done, /*on_worker=*/false); !started.ok()) {
+      done.Set(started);
+    }
+    return result;
+  }
+  // Otherwise once the data has arrived, from the thread that completes Ready() (a plugin or
+  // engine thread, which must not wait for staging): on the client's staging worker. The copy of
+  // the source holds the buffer's handle, so the device memory (or an alias's source, released
+  // at PJRT_Buffer_Destroy) outlives the read even if the buffer is destroyed first.
+  parts_.ready.OnReady(
+      [source = source_, dst, done, token = std::move(*token)](const Status& ready) mutable {
+        if (!ready.ok()) {
+          done.Set(ready);
+          return;
+        }
+        Status queued = source.client->RunOnStagingWorker(
+            [source, dst, done, token = std::move(token)](Status start) mutable {
+              if (start.ok()) start = StartRead(source, dst, done, /*on_worker=*/true);
+              if (!start.ok()) done.Set(std::move(start));
+              token.Release();
+            });
+        if (!queued.ok()) done.Set(std::move(queued));
+      });
+  return result;
+}
+
+Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& dst, Promise<> done,
+                             bool on_worker) {
+  const PjrtBufferParts& parts_ = source.parts;
+  const std::string& device_name_ = source.device_name;
+  const int64_t size_bytes_ = source.size_bytes;
+  PjrtClient* const client_ = source.client;
+  const std::shared_ptr<ClientLifetime>& lifetime_ = source.lifetime;
+  // Called with a token held by ToHost, so the client (its engine and staging) is alive; each
+  // asynchronous piece below takes its own token and the buffer handle.
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(lifetime_, fmt::format("ToHost from {}", device_name_)));
+  const int64_t num_elements = dst.num_elements();
+  if (num_elements == 0) {
+    done.Set(OkStatus());
+    return OkStatus();
+  }
+  const DType device_dtype = parts_.device_dtype;
+  const int64_t element_size = DTypeSize(device_dtype);
+  const std::shared_ptr<PjrtBufferHandle> handle = parts_.handle;
+  const PJRT_Api& api = handle->runtime().api();
+
+  if (parts_.host_address != nullptr) {
+    FERRY_ASSIGN_OR_RETURN(
+        CopyConvertPlan plan,
+        CopyConvertPlan::Create(HostView::Dense(parts_.host_address, device_dtype, parts_.dims),
+                                dst));
+    if (size_bytes_ <= kInlineReadBytes) {
+      plan.CopyAll();
+      done.Set(OkStatus());
+      return OkStatus();
+    }
+    return client_->engine()->Submit(std::move(plan),
+                                     [done, handle, keep = parts_.memory_keepalive,
+                                      token = std::move(token)](Status status) mutable {
+                                       done.Set(std::move(status));
+                                       token.Release();
+                                     });
+  }
+
+  const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
+  if (dense_same_dtype || !client_->platform().has_raw_reads) {
+    if (!dense_same_dtype) {
+      return UnimplementedError(fmt::format(
+          "ToHost from {}: a strided or converting read needs PJRT_Buffer_CopyRawToHost, which "
+          "the plugin lacks; read it densely in {}",
+          device_name_, DTypeName(device_dtype)));
+    }
+    auto counter = std::make_shared<ReadCounter>(done, std::move(token));
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    args.src = handle->get();
+    args.dst = dst.data;
+    args.dst_size = static_cast<size_t>(size_bytes_);
+    FERRY_RETURN_IF_ERROR(handle->runtime().Check(
+        api.PJRT_Buffer_ToHostBuffer(&args), fmt::format("ToHostBuffer from {}", device_name_)));
+    counter->Add();
+    OnEventReady(
+        api, args.event, [counter, handle](Status status) { counter->Done(std::move(status)); },
+        fmt::format("ToHostBuffer from {}", device_name_));
+    counter->Done(OkStatus());
+    return OkStatus();
+  }
+
+  // Partial reads into staging chunks, each converted into `dst` here. The XLA CPU plugin runs a
+  // CopyRawToHost event's continuations before its copy has fully landed (seen here: bytes of a
+  // chunk still unwritten inside the continuation, never after PJRT_Event_Await), so every chunk
+  // is awaited on this thread, which is the client's staging worker (see ToHost), with up to
+  // kReadWindow chunks in flight.
+  if (!on_worker) {
+    return client_->RunOnStagingWorker(
+        [source, dst, done, token = std::move(token)](Status start) mutable {
+          if (start.ok()) start = StartRead(source, dst, done, /*on_worker=*/true);
+          if (!start.ok()) done.Set(std::move(start));
+          token.Release();
+        });
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      const CopyConvertPlan shape,
+      CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, parts_.dims), dst));
+  StagingPool& staging = client_->staging();
+  const int64_t row_elements = std::max<int64_t>(1, shape.row_elements());
+  int64_t chunk_elements = std::max<int64_t>(1, staging.chunk_bytes() / element_size);
+  if (chunk_elements >= row_elements) chunk_elements -= chunk_elements % row_elements;
+  struct PendingChunk {
+    PJRT_Event* event;
+    std::byte* chunk;
+    int64_t begin;
+    int64_t end;
+  };
+  std::deque<PendingChunk> pending;
+  Status result;
+  auto finish_oldest = [&] {
+    PendingChunk oldest = pending.front();
+    pending.pop_front();
+    Status status =
+        AwaitEvent(api, oldest.event, fmt::format("CopyRawToHost from {}", device_name_));
+    if (status.ok()) {
+      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
+          HostView::Dense(oldest.chunk - oldest.begin * element_size, device_dtype, parts_.dims),
+          dst);
+      if (plan.ok()) {
+        plan->CopyElements(oldest.begin, oldest.end);
+      } else {
+        status = plan.status();
+      }
+    }
+    staging.Release(oldest.chunk);
+    if (result.ok()) result = std::move(status);
+  };
+  for (int64_t begin = 0; begin < num_elements && result.ok();) {
+    while (static_cast<int>(pending.size()) >= kReadWindow) finish_oldest();
+    const int64_t end = std::min(num_elements, begin + chunk_elements);
+    std::byte* chunk = staging.Acquire();
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+    args.buffer = handle->get();
+    args.dst = chunk;
+    args.offset = begin * element_size;
+    args.transfer_size = (end - begin) * element_size;
+    result = handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args),
+                                     fmt::format("CopyRawToHost from {}", device_name_));
+    if (!result.ok()) {
+      staging.Release(chunk);
+      break;
+    }
+    metrics::StagingBytes()->Add((end - begin) * element_size);
+    pending.push_back({args.event, chunk, begin, end});
+    begin = end;
+  }
+  while (!pending.empty()) finish_oldest();
+  done.Set(std::move(result));
+  return OkStatus();
+}
+
+}  // namespace ferry::pjrt

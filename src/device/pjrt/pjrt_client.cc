@@ -1,0 +1,850 @@
+#include "src/device/pjrt/pjrt_client.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/core/metrics.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "src/device/pjrt/pjrt_buffer.h"
+
+namespace ferry::pjrt {
+namespace {
+
+// kImmutableOnlyDuringCall transfers up to this many source bytes are copied on the calling
+// thread on the direct path: a hop to a worker would cost more than the copy.
+constexpr int64_t kInlineCopyBytes = int64_t{256} << 10;
+
+std::string View(const char* data, size_t size) {
+  return data == nullptr ? std::string() : std::string(data, size);
+}
+
+// The named values for PJRT_Client_Create; `storage` keeps what they point at.
+struct NamedValues {
+  std::vector<PJRT_NamedValue> values;
+  std::vector<std::string> names;
+};
+
+StatusOr<NamedValues> MakeNamedValues(const ClientOptions& options) {
+  std::map<std::string, ClientOptions::PluginOptionValue> merged = options.plugin_options;
+  if (options.num_devices.has_value() && !merged.contains("cpu_device_count")) {
+    merged["cpu_device_count"] = int64_t{*options.num_devices};
+  }
+  if (auto it = merged.find("cpu_device_count"); it != merged.end()) {
+    // The CPU plugins crash on a negative or non-integer count.
+    const int64_t* count = std::get_if<int64_t>(&it->second);
+    if (count == nullptr || *count < 1 || *count > 1024) {
+      return InvalidArgumentError("pjrt option cpu_device_count must be an integer from 1 to 1024");
+    }
+  }
+  NamedValues named;
+  named.names.reserve(merged.size());
+  for (const auto& [name, value] : merged) {
+    named.names.push_back(name);
+    PJRT_NamedValue entry{};
+    entry.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    entry.name = named.names.back().c_str();
+    entry.name_size = named.names.back().size();
+    if (const auto* integer = std::get_if<int64_t>(&value)) {
+      entry.type = PJRT_NamedValue_kInt64;
+      entry.int64_value = *integer;
+      entry.value_size = 1;
+    } else if (const auto* real = std::get_if<double>(&value)) {
+      entry.type = PJRT_NamedValue_kFloat;
+      entry.float_value = static_cast<float>(*real);
+      entry.value_size = 1;
+    } else if (const auto* flag = std::get_if<bool>(&value)) {
+      entry.type = PJRT_NamedValue_kBool;
+      entry.bool_value = *flag;
+      entry.value_size = 1;
+    } else if (const auto* text = std::get_if<std::string>(&value)) {
+      entry.type = PJRT_NamedValue_kString;
+      entry.string_value = text->c_str();
+      entry.value_size = text->size();
+    } else {
+      const auto& list = std::get<std::vector<int64_t>>(value);
+      entry.type = PJRT_NamedValue_kInt64List;
+      entry.int64_array_value = list.data();
+      entry.value_size = list.size();
+    }
+    named.values.push_back(entry);
+  }
+  return named;
+}
+
+// A dense view whose every byte stride is a whole number of elements and that the plugin can
+// read with its own strided copy (native byte order).
+bool PluginCanReadStrides(const HostView& src) {
+  if (!src.IsNativeByteOrder()) return false;
+  const int64_t element_size = src.element_size();
+  for (int64_t stride : src.byte_strides) {
+    if (stride % element_size != 0) return false;
+  }
+  return true;
+}
+
+// One staged transfer's pieces (its chunks) and what runs once the last is done.
+class PieceCounter {
+ public:
+  explicit PieceCounter(absl::AnyInvocable<void(Status) &&> finish) : finish_(std::move(finish)) {}
+  void Add() { pending_.fetch_add(1, std::memory_order_relaxed); }
+  void Done(Status status) {
+    if (!status.ok()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (first_error_.ok()) first_error_ = std::move(status);
+    }
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Status result;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      result = first_error_;
+    }
+    std::move(finish_)(std::move(result));
+  }
+
+ private:
+  absl::AnyInvocable<void(Status) &&> finish_;
+  std::atomic<int64_t> pending_{1};
+  std::mutex mutex_;
+  Status first_error_;
+};
+
+}  // namespace
+
+PJRT_Buffer_Type ToPjrtType(DType dtype) {
+  switch (dtype) {
+    case DType::kBool:
+      return PJRT_Buffer_Type_PRED;
+    case DType::kS8:
+      return PJRT_Buffer_Type_S8;
+    case DType::kS16:
+      return PJRT_Buffer_Type_S16;
+    case DType::kS32:
+      return PJRT_Buffer_Type_S32;
+    case DType::kS64:
+      return PJRT_Buffer_Type_S64;
+    case DType::kU8:
+      return PJRT_Buffer_Type_U8;
+    case DType::kU16:
+      return PJRT_Buffer_Type_U16;
+    case DType::kU32:
+      return PJRT_Buffer_Type_U32;
+    case DType::kU64:
+      return PJRT_Buffer_Type_U64;
+    case DType::kF16:
+      return PJRT_Buffer_Type_F16;
+    case DType::kBF16:
+      return PJRT_Buffer_Type_BF16;
+    case DType::kF32:
+      return PJRT_Buffer_Type_F32;
+    case DType::kF64:
+      return PJRT_Buffer_Type_F64;
+    case DType::kC64:
+      return PJRT_Buffer_Type_C64;
+    case DType::kC128:
+      return PJRT_Buffer_Type_C128;
+    case DType::kF8E4M3FN:
+      return PJRT_Buffer_Type_F8E4M3FN;
+    case DType::kF8E5M2:
+      return PJRT_Buffer_Type_F8E5M2;
+  }
+  return PJRT_Buffer_Type_INVALID;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
+                       PJRT_Memory* default_memory, std::string kind,
+                       std::vector<std::string> memory_kinds, DeviceCapabilities capabilities)
+    : client_(client),
+      index_(index),
+      name_(fmt::format("pjrt:{}", index)),
+      device_(device),
+      default_memory_(default_memory),
+      kind_(std::move(kind)),
+      memory_kinds_(std::move(memory_kinds)),
+      capabilities_(std::move(capabilities)),
+      memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)) {}
+
+Client* PjrtDevice::client() const { return client_; }
+
+std::string PjrtDevice::description() const {
+  const PjrtPlatformInfo& platform = client_->platform();
+  std::string plugin = platform.plugin_path;
+  if (size_t slash = plugin.rfind('/'); slash != std::string::npos)
+    plugin = plugin.substr(slash + 1);
+  return fmt::format("{} {} (PJRT {} API {}.{}; memories {}; {})", platform.platform_name, kind_,
+                     plugin, platform.api_major, platform.api_minor, fmt::join(memory_kinds_, ","),
+                     platform.direct_host_access ? "direct host access" : "plugin transfers");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+StagingPool::StagingPool(int num_chunks, int64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
+  for (int i = 0; i < num_chunks; ++i) {
+    std::byte* chunk = AllocateHostMemory(chunk_bytes);
+    if (chunk == nullptr) break;
+    chunks_.push_back(chunk);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  free_ = chunks_;
+}
+
+StagingPool::~StagingPool() {
+  for (std::byte* chunk : chunks_) FreeHostMemory(chunk, chunk_bytes_);
+}
+
+std::byte* StagingPool::Acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  chunk_free_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !free_.empty(); });
+  std::byte* chunk = free_.back();
+  free_.pop_back();
+  return chunk;
+}
+
+void StagingPool::Release(std::byte* chunk) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(chunk);
+  }
+  chunk_free_.notify_one();
+}
+
+StagingWorker::StagingWorker() : thread_([this] { Loop(); }) {}
+
+StagingWorker::~StagingWorker() { Shutdown(); }
+
+Status StagingWorker::Submit(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return FailedPreconditionError("the pjrt client is shutting down");
+    jobs_.push_back(std::move(job));
+  }
+  job_available_.notify_one();
+  return OkStatus();
+}
+
+void StagingWorker::Shutdown() {
+  std::deque<Job> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    cancelled.swap(jobs_);
+  }
+  job_available_.notify_all();
+  for (Job& job : cancelled) std::move(job)(CancelledError("the pjrt client shut down first"));
+  if (thread_.joinable()) thread_.join();
+}
+
+void StagingWorker::Loop() {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      job_available_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+        return stopping_ || !jobs_.empty();
+      });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    std::move(job)(OkStatus());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(const std::string path, FindPjrtPlugin(options.pjrt_plugin.value_or("")));
+  FERRY_ASSIGN_OR_RETURN(const PjrtLibrary* library, LoadPjrtLibrary(path));
+  FERRY_ASSIGN_OR_RETURN(NamedValues named, MakeNamedValues(options));
+  auto args = FERRY_PJRT_ARGS(PJRT_Client_Create_Args);
+  args.create_options = named.values.data();
+  args.num_options = named.values.size();
+  if (PJRT_Error* error = library->api->PJRT_Client_Create(&args); error != nullptr) {
+    Status status =
+        ErrorToStatus(*library->api, error, fmt::format("PJRT_Client_Create ({})", path));
+    return UnavailableError(status.message());
+  }
+  const int num_workers = options.num_worker_threads.value_or(
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  if (num_workers < 1) return InvalidArgumentError("the pjrt backend needs a worker thread");
+  std::unique_ptr<PjrtClient> client(
+      new PjrtClient(std::make_shared<PjrtRuntime>(*library, args.client), num_workers));
+  FERRY_RETURN_IF_ERROR(client->Initialize(options));
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+PjrtClient::PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers)
+    : runtime_(std::move(runtime)),
+      staging_(std::make_unique<StagingPool>()),
+      worker_(std::make_unique<StagingWorker>()),
+      engine_(std::make_shared<host::TransferEngine>(num_workers)) {}
+
+PjrtClient::~PjrtClient() {
+  runtime_->lifetime()->Close();
+  worker_->Shutdown();
+  engine_->Shutdown();
+  runtime_->lifetime()->WaitUntilIdle();
+}
+
+Status PjrtClient::Initialize(const ClientOptions& options) {
+  const PJRT_Api& api = runtime_->api();
+  const PjrtLibrary& library = runtime_->library();
+  platform_.plugin_path = library.path;
+  platform_.api_major = library.major_version;
+  platform_.api_minor = library.minor_version;
+  {
+    auto args = FERRY_PJRT_ARGS(PJRT_Client_PlatformName_Args);
+    args.client = runtime_->client();
+    FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_Client_PlatformName(&args), "PlatformName"));
+    platform_.platform_name = View(args.platform_name, args.platform_name_size);
+  }
+  if (FERRY_PJRT_HAS(library, PJRT_Client_PlatformVersion)) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Client_PlatformVersion_Args);
+    args.client = runtime_->client();
+    if (runtime_->Check(api.PJRT_Client_PlatformVersion(&args), "PlatformVersion").ok()) {
+      platform_.platform_version = View(args.platform_version, args.platform_version_size);
+    }
+  }
+  platform_.has_transfer_manager =
+      FERRY_PJRT_HAS(library, PJRT_Client_CreateBuffersForAsyncHostToDevice) &&
+      FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_TransferData) &&
+      FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer) &&
+      FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_Destroy);
+  platform_.has_raw_reads = FERRY_PJRT_HAS(library, PJRT_Buffer_CopyRawToHost);
+
+  auto devices_args = FERRY_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devices_args.client = runtime_->client();
+  FERRY_RETURN_IF_ERROR(
+      runtime_->Check(api.PJRT_Client_AddressableDevices(&devices_args), "AddressableDevices"));
+  size_t count = devices_args.num_addressable_devices;
+  if (options.num_devices.has_value()) {
+    count = std::min(count, static_cast<size_t>(std::max(0, *options.num_devices)));
+  }
+  if (count == 0) {
+    return UnavailableError(
+        fmt::format("the PJRT plugin {} has no addressable device", library.path));
+  }
+  DeviceCapabilities capabilities = options.capabilities.value_or(DeviceCapabilities::All());
+  for (size_t i = 0; i < count; ++i) {
+    PJRT_Device* device = devices_args.addressable_devices[i];
+    auto description = FERRY_PJRT_ARGS(PJRT_Device_GetDescription_Args);
+    description.device = device;
+    FERRY_RETURN_IF_ERROR(
+        runtime_->Check(api.PJRT_Device_GetDescription(&description), "Device_GetDescription"));
+    auto kind = FERRY_PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+    kind.device_description = description.device_description;
+    FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_DeviceDescription_Kind(&kind), "Kind"));
+    PJRT_Memory* default_memory = nullptr;
+    std::vector<std::string> memory_kinds;
+    if (FERRY_PJRT_HAS(library, PJRT_Device_DefaultMemory)) {
+      auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
+      memory.device = device;
+      if (runtime_->Check(api.PJRT_Device_DefaultMemory(&memory), "DefaultMemory").ok()) {
+        default_memory = memory.memory;
+      }
+    }
+    if (FERRY_PJRT_HAS(library, PJRT_Device_AddressableMemories) &&
+        FERRY_PJRT_HAS(library, PJRT_Memory_Kind)) {
+      auto memories = FERRY_PJRT_ARGS(PJRT_Device_AddressableMemories_Args);
+      memories.device = device;
+      if (runtime_->Check(api.PJRT_Device_AddressableMemories(&memories), "Memories").ok()) {
+        for (size_t m = 0; m < memories.num_memories; ++m) {
+          auto memory_kind = FERRY_PJRT_ARGS(PJRT_Memory_Kind_Args);
+          memory_kind.memory = memories.memories[m];
+          if (runtime_->Check(api.PJRT_Memory_Kind(&memory_kind), "Memory_Kind").ok()) {
+            memory_kinds.push_back(View(memory_kind.kind, memory_kind.kind_size));
+          }
+        }
+      }
+    }
+    devices_.push_back(std::make_unique<PjrtDevice>(
+        this, static_cast<int>(i), device, default_memory,
+        View(kind.device_kind, kind.device_kind_size), std::move(memory_kinds), capabilities));
+    device_pointers_.push_back(devices_.back().get());
+  }
+
+  // Are the plugin's buffers in host memory? Ask a one-element probe buffer.
+  if (FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu)) {
+    alignas(64) static const float kProbe[1] = {0.0f};
+    const int64_t dims[1] = {1};
+    auto put = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+    put.client = runtime_->client();
+    put.data = kProbe;
+    put.type = PJRT_Buffer_Type_F32;
+    put.dims = dims;
+    put.num_dims = 1;
+    put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+    put.device = devices_[0]->pjrt_device();
+    FERRY_RETURN_IF_ERROR(
+        runtime_->Check(api.PJRT_Client_BufferFromHostBuffer(&put), "probe BufferFromHostBuffer"));
+    AwaitEvent(api, put.done_with_host_buffer, "probe").IgnoreError();
+    PjrtBufferHandle probe(runtime_, put.buffer);
+    auto on_cpu = FERRY_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
+    on_cpu.buffer = put.buffer;
+    if (runtime_->Check(api.PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu").ok()) {
+      platform_.buffers_on_cpu = on_cpu.is_on_cpu;
+    }
+  }
+  platform_.direct_host_access = platform_.buffers_on_cpu &&
+                                 options.pjrt_direct_host_access.value_or(true) &&
+                                 FERRY_PJRT_HAS(library, PJRT_Client_CreateViewOfDeviceBuffer) &&
+                                 FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
+    const HostView& src, DType device_dtype, Device* device, HostBufferSemantics semantics,
+    OnDoneWithHostBuffer on_done, std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(
+      CheckBufferFromHostBufferArgs(*this, src, device_dtype, device, tensor_name));
+  auto* pjrt_device = static_cast<PjrtDevice*>(device);
+  int64_t device_bytes = 0;
+  if (__builtin_mul_overflow(src.num_elements(), DTypeSize(device_dtype), &device_bytes)) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
+  }
+  if (const auto& max = pjrt_device->capabilities().max_buffer_bytes;
+      max.has_value() && device_bytes > *max) {
+    return ResourceExhaustedError(
+        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer",
+                    tensor_name, device_bytes, device->name(), *max));
+  }
+  const bool same_dtype = src.dtype == device_dtype;
+  if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
+    const bool aliasable = same_dtype && src.IsRowMajorDense() && src.IsNativeByteOrder() &&
+                           src.num_elements() > 0 &&
+                           reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
+    if (aliasable) {
+      return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
+    }
+    metrics::ZeroCopyFallbacks()->Add();
+    semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  }
+  if (platform_.direct_host_access) {
+    return PutDirect(src, device_dtype, pjrt_device, semantics, std::move(on_done), tensor_name);
+  }
+  if (same_dtype && (PluginCanReadStrides(src) || src.num_elements() == 0)) {
+    return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
+  }
+  return PutStaged(src, device_dtype, pjrt_device, semantics, std::move(on_done), tensor_name);
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& src,
+                                                               PjrtDevice* device,
+                                                               HostBufferSemantics semantics,
+                                                               OnDoneWithHostBuffer on_done,
+                                                               std::string_view tensor_name) {
+  const PJRT_Api& api = runtime_->api();
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy;
+  const int64_t device_bytes = src.dense_size_bytes();
+  std::shared_ptr<AccountedBytes> accounted;
+  if (!zero_copy) {
+    FERRY_RETURN_IF_ERROR(device->memory()->Reserve(device_bytes, tensor_name, device->name()));
+    accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
+  }
+  // An empty tensor still needs a valid pointer: plugins dereference null data.
+  alignas(64) static const std::byte kEmpty[64] = {};
+  auto args = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = runtime_->client();
+  args.data = src.num_elements() == 0 ? kEmpty : src.data;
+  args.type = ToPjrtType(src.dtype);
+  args.dims = src.dims.data();
+  args.num_dims = src.dims.size();
+  if (src.num_elements() > 0 && !src.IsRowMajorDense()) {
+    args.byte_strides = src.byte_strides.data();
+    args.num_byte_strides = src.byte_strides.size();
+  }
+  switch (semantics) {
+    case HostBufferSemantics::kImmutableOnlyDuringCall:
+      args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+      break;
+    case HostBufferSemantics::kImmutableUntilTransferCompletes:
+      args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+      break;
+    case HostBufferSemantics::kImmutableZeroCopy:
+      args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+      break;
+  }
+  args.device = device->pjrt_device();
+  args.memory = device->default_memory();
+  FERRY_RETURN_IF_ERROR(runtime_->Check(
+      api.PJRT_Client_BufferFromHostBuffer(&args),
+      fmt::format("tensor '{}': BufferFromHostBuffer on {}", tensor_name, device->name())));
+  metrics::DirectTransfers()->Add();
+  auto handle = std::make_shared<PjrtBufferHandle>(runtime_, args.buffer);
+
+  PjrtBufferParts parts;
+  parts.handle = handle;
+  parts.device_dtype = src.dtype;
+  parts.dims = src.dims;
+  parts.memory_keepalive = accounted;
+  std::byte* device_pointer = nullptr;
+  if (platform_.buffers_on_cpu &&
+      FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer)) {
+    auto pointer = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+    pointer.buffer = args.buffer;
+    if (runtime_->Check(api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&pointer), "pointer").ok()) {
+      device_pointer = static_cast<std::byte*>(pointer.device_memory_ptr);
+    }
+  }
+  parts.host_address = device_pointer;
+  parts.is_alias = zero_copy && device_pointer != nullptr && device_pointer == src.data;
+  if (parts.is_alias) metrics::ZeroCopyAliases()->Add();
+
+  auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready_args.buffer = args.buffer;
+  Status ready_event_status =
+      runtime_->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "Buffer_ReadyEvent");
+  PJRT_Event* ready_event = ready_event_status.ok() ? ready_args.event : nullptr;
+
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    // PJRT promises the plugin has let go of the source when the call returns; its event is
+    // waited for anyway (a plugin that breaks the promise costs a wait, not a use-after-free).
+    Status read = AwaitEvent(api, args.done_with_host_buffer, "done_with_host_buffer");
+    if (on_done) std::move(on_done)();
+    Status ready = read.ok() ? AwaitEvent(api, ready_event, fmt::format("tensor '{}'", tensor_name))
+                             : (DestroyEvent(api, ready_event), read);
+    FERRY_RETURN_IF_ERROR(ready);
+    parts.ready = Future<>::Ready(OkStatus());
+    return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  }
+
+  Promise<> ready;
+  parts.ready = ready.future();
+  if (parts.is_alias) {
+    // on_done runs when the plugin lets go of the memory, at PJRT_Buffer_Destroy; Ready() is the
+    // buffer's own readiness.
+    OnEventReady(
+        api, args.done_with_host_buffer,
+        [on_done = std::move(on_done)](Status) mutable {
+          if (on_done) std::move(on_done)();
+        },
+        "done_with_host_buffer");
+    OnEventReady(
+        api, ready_event,
+        [ready, token = std::move(token)](Status status) mutable {
+          token.Release();
+          ready.Set(std::move(status));
+        },
+        fmt::format("tensor '{}'", tensor_name));
+  } else {
+    // Ready() completes once the data has arrived and on_done has returned.
+    auto counter =
+        std::make_shared<PieceCounter>([ready, token = std::move(token)](Status status) mutable {
+          token.Release();
+          ready.Set(std::move(status));
+        });
+    counter->Add();
+    // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
+    // ready at once and its continuation would run here, inside BufferFromHostBuffer: on_done
+    // then goes to the client's worker, a runtime thread, as kImmutableUntilTransferCompletes
+    // promises.
+    auto release_source = [counter, on_done = std::move(on_done)](Status status) mutable {
+      if (on_done) {
+        OnDoneWithHostBuffer release = std::move(on_done);
+        std::move(release)();
+      }
+      counter->Done(std::move(status));
+    };
+    OnEventReady(
+        api, args.done_with_host_buffer,
+        [this, caller = std::this_thread::get_id(),
+         release_source = std::move(release_source)](Status status) mutable {
+          if (std::this_thread::get_id() != caller) {
+            std::move(release_source)(std::move(status));
+            return;
+          }
+          auto deferred = std::make_shared<decltype(release_source)>(std::move(release_source));
+          Status queued = worker_->Submit(
+              [deferred, status](Status) mutable { std::move (*deferred)(std::move(status)); });
+          // Only a closing client refuses: then run it here rather than never.
+          if (!queued.ok()) std::move (*deferred)(std::move(status));
+        },
+        "done_with_host_buffer");
+    counter->Add();
+    OnEventReady(
+        api, ready_event, [counter](Status status) { counter->Done(std::move(status)); },
+        fmt::format("tensor '{}'", tensor_name));
+    counter->Done(ready_event_status);
+  }
+  return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+}
+
+namespace {
+
+struct ViewDeleteContext {
+  std::shared_ptr<host::DeviceAllocation> allocation;
+};
+
+void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
+  delete static_cast<ViewDeleteContext*>(user_arg);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DType device_dtype,
+                                                        PjrtDevice* device,
+                                                        HostBufferSemantics semantics,
+                                                        OnDoneWithHostBuffer on_done,
+                                                        std::string_view tensor_name) {
+  const PJRT_Api& api = runtime_->api();
+  const int64_t device_bytes = src.num_elements() * DTypeSize(device_dtype);
+  FERRY_ASSIGN_OR_RETURN(
+      auto allocation,
+      host::DeviceAllocation::Create(device->memory(), device_bytes, tensor_name, device->name()));
+  FERRY_ASSIGN_OR_RETURN(
+      CopyConvertPlan plan,
+      CopyConvertPlan::Create(
+          src, MutableHostView::Dense(allocation->mutable_data(), device_dtype, src.dims)));
+  // The plugin's view of ferry's memory; on_delete gives the memory back when the plugin is done
+  // with the buffer (a zero-sized allocation still has a valid, aligned pointer).
+  alignas(64) static std::byte kEmpty[64] = {};
+  void* memory = device_bytes > 0 ? static_cast<void*>(allocation->mutable_data()) : kEmpty;
+  auto view = FERRY_PJRT_ARGS(PJRT_Client_CreateViewOfDeviceBuffer_Args);
+  view.client = runtime_->client();
+  view.device_buffer_ptr = memory;
+  view.dims = src.dims.data();
+  view.num_dims = src.dims.size();
+  view.element_type = ToPjrtType(device_dtype);
+  view.device = device->pjrt_device();
+  view.memory = device->default_memory();
+  view.on_delete_callback = &GiveBackViewMemory;
+  auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{allocation});
+  view.on_delete_callback_arg = context.get();
+  FERRY_RETURN_IF_ERROR(runtime_->Check(
+      api.PJRT_Client_CreateViewOfDeviceBuffer(&view),
+      fmt::format("tensor '{}': CreateViewOfDeviceBuffer on {}", tensor_name, device->name())));
+  context.release();  // the plugin owns it now, until on_delete
+  (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
+
+  PjrtBufferParts parts;
+  parts.handle = std::make_shared<PjrtBufferHandle>(runtime_, view.buffer);
+  parts.device_dtype = device_dtype;
+  parts.dims = src.dims;
+  parts.host_address = device_bytes > 0 ? allocation->mutable_data() : nullptr;
+  parts.memory_keepalive = allocation;
+  const int64_t source_bytes = src.num_elements() * DTypeSize(src.dtype);
+
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    if (source_bytes <= kInlineCopyBytes) {
+      plan.CopyAll();
+    } else {
+      Promise<> copied;
+      FERRY_RETURN_IF_ERROR(
+          engine_->Submit(std::move(plan), [copied](Status status) { copied.Set(status); }));
+      FERRY_RETURN_IF_ERROR(copied.future().Await());
+    }
+    if (on_done) std::move(on_done)();
+    parts.ready = Future<>::Ready(OkStatus());
+    return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  Promise<> ready;
+  parts.ready = ready.future();
+  auto buffer = std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  FERRY_RETURN_IF_ERROR(
+      engine_->Submit(std::move(plan), [ready, on_done = std::move(on_done), allocation,
+                                        token = std::move(token)](Status status) mutable {
+        allocation.reset();
+        if (on_done) {
+          OnDoneWithHostBuffer release = std::move(on_done);
+          std::move(release)();
+        }
+        ready.Set(std::move(status));
+        token.Release();
+      }));
+  return buffer;
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DType device_dtype,
+                                                        PjrtDevice* device,
+                                                        HostBufferSemantics semantics,
+                                                        OnDoneWithHostBuffer on_done,
+                                                        std::string_view tensor_name) {
+  if (!platform_.has_transfer_manager || device->default_memory() == nullptr) {
+    return UnimplementedError(fmt::format(
+        "tensor '{}': converting or re-striding a transfer on {} needs the plugin's transfer "
+        "manager (PJRT API 0.5x+ with memories), which {} lacks",
+        tensor_name, device->name(), platform_.plugin_path));
+  }
+  const PJRT_Api& api = runtime_->api();
+  const int64_t element_size = DTypeSize(device_dtype);
+  const int64_t num_elements = src.num_elements();
+  const int64_t device_bytes = num_elements * element_size;
+  FERRY_ASSIGN_OR_RETURN(
+      const CopyConvertPlan shape,
+      CopyConvertPlan::Create(src, MutableHostView::Dense(nullptr, device_dtype, src.dims)));
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  FERRY_RETURN_IF_ERROR(device->memory()->Reserve(device_bytes, tensor_name, device->name()));
+  auto accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
+
+  PJRT_ShapeSpec spec{};
+  spec.struct_size = PJRT_ShapeSpec_STRUCT_SIZE;
+  spec.dims = src.dims.data();
+  spec.num_dims = src.dims.size();
+  spec.element_type = ToPjrtType(device_dtype);
+  auto create = FERRY_PJRT_ARGS(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args);
+  create.client = runtime_->client();
+  create.shape_specs = &spec;
+  create.num_shape_specs = 1;
+  create.memory = device->default_memory();
+  FERRY_RETURN_IF_ERROR(
+      runtime_->Check(api.PJRT_Client_CreateBuffersForAsyncHostToDevice(&create),
+                      fmt::format("tensor '{}': CreateBuffersForAsyncHostToDevice on {}",
+                                  tensor_name, device->name())));
+  PJRT_AsyncHostToDeviceTransferManager* manager = create.transfer_manager;
+  auto destroy_manager = [&api, manager] {
+    auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
+    args.transfer_manager = manager;
+    ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_Destroy(&args), "Destroy")
+        .IgnoreError();
+  };
+  auto retrieve = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args);
+  retrieve.transfer_manager = manager;
+  retrieve.buffer_index = 0;
+  if (Status status = runtime_->Check(
+          api.PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&retrieve), "RetrieveBuffer");
+      !status.ok()) {
+    destroy_manager();
+    return status;
+  }
+  metrics::ConvertedTransfers()->Add();
+  PjrtBufferParts parts;
+  parts.handle = std::make_shared<PjrtBufferHandle>(runtime_, retrieve.buffer_out);
+  parts.device_dtype = device_dtype;
+  parts.dims = src.dims;
+  parts.memory_keepalive = accounted;
+
+  // Writes every chunk (waiting for free staging chunks), then releases the manager. The
+  // manager may be destroyed while TransferData events are pending: the buffer keeps the data.
+  const int64_t row_elements = std::max<int64_t>(1, shape.row_elements());
+  int64_t chunk_elements = std::max<int64_t>(1, staging_->chunk_bytes() / element_size);
+  if (chunk_elements >= row_elements) chunk_elements -= chunk_elements % row_elements;
+  auto write_all = [this, &api, src, device_dtype, num_elements, element_size, chunk_elements,
+                    manager, destroy_manager, name = std::string(tensor_name)](
+                       const std::shared_ptr<PieceCounter>& counter) -> Status {
+    Status result;
+    if (num_elements == 0) {
+      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+      alignas(64) static const std::byte kEmpty[64] = {};
+      args.transfer_manager = manager;
+      args.data = kEmpty;
+      args.is_last_transfer = true;
+      result = runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
+                               fmt::format("tensor '{}': TransferData", name));
+      if (result.ok()) {
+        counter->Add();
+        OnEventReady(
+            api, args.done_with_h2d_transfer,
+            [counter](Status status) { counter->Done(std::move(status)); }, name);
+      }
+    }
+    for (int64_t begin = 0; begin < num_elements && result.ok();) {
+      const int64_t end = std::min(num_elements, begin + chunk_elements);
+      std::byte* chunk = staging_->Acquire();
+      // The plan writes elements [begin, end) at their offsets from a base `begin` elements
+      // before the chunk, so they land at the chunk's start.
+      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
+          src, MutableHostView::Dense(chunk - begin * element_size, device_dtype, src.dims));
+      if (!plan.ok()) {
+        staging_->Release(chunk);
+        result = plan.status();
+        break;
+      }
+      plan->CopyElements(begin, end);
+      metrics::StagingBytes()->Add((end - begin) * element_size);
+      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+      args.transfer_manager = manager;
+      args.buffer_index = 0;
+      args.data = chunk;
+      args.offset = begin * element_size;
+      args.transfer_size = (end - begin) * element_size;
+      args.is_last_transfer = end == num_elements;
+      result = runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
+                               fmt::format("tensor '{}': TransferData", name));
+      if (!result.ok()) {
+        staging_->Release(chunk);
+        break;
+      }
+      counter->Add();
+      OnEventReady(
+          api, args.done_with_h2d_transfer,
+          [this, chunk, counter](Status status) {
+            staging_->Release(chunk);
+            counter->Done(std::move(status));
+          },
+          name);
+      begin = end;
+    }
+    if (!result.ok()) {
+      // Fail the buffer, so that nothing waits for bytes that will never come.
+      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args);
+      args.transfer_manager = manager;
+      args.error_code = PJRT_Error_Code_ABORTED;
+      const std::string message(result.message());
+      args.error_message = message.c_str();
+      args.error_message_size = message.size();
+      if (FERRY_PJRT_HAS(runtime_->library(),
+                         PJRT_AsyncHostToDeviceTransferManager_SetBufferError)) {
+        ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_SetBufferError(&args),
+                      "SetBufferError")
+            .IgnoreError();
+      }
+    }
+    destroy_manager();
+    return result;
+  };
+
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    Promise<> written;
+    auto counter = std::make_shared<PieceCounter>(
+        [written](Status status) { written.Set(std::move(status)); });
+    counter->Done(write_all(counter));
+    FERRY_RETURN_IF_ERROR(written.future().Await());
+    if (on_done) std::move(on_done)();
+    parts.ready = Future<>::Ready(OkStatus());
+    return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  }
+
+  Promise<> ready;
+  parts.ready = ready.future();
+  auto buffer = std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  // The worker owns the rest: the staging (which may wait for chunks) and the completion.
+  auto finish = [ready, on_done = std::move(on_done),
+                 token = std::move(token)](Status status) mutable {
+    if (on_done) {
+      OnDoneWithHostBuffer release = std::move(on_done);
+      std::move(release)();
+    }
+    ready.Set(std::move(status));
+    token.Release();
+  };
+  auto job = [write_all, finish = std::move(finish), destroy_manager](Status start) mutable {
+    if (!start.ok()) {
+      destroy_manager();
+      std::move(finish)(std::move(start));
+      return;
+    }
+    // The counter starts with this job's own piece, so it cannot finish before every chunk has
+    // been handed to the plugin.
+    auto counter = std::make_shared<PieceCounter>(std::move(finish));
+    counter->Done(write_all(counter));
+  };
+  FERRY_RETURN_IF_ERROR(worker_->Submit(std::move(job)));
+  return buffer;
+}
+
+}  // namespace ferry::pjrt

@@ -1,0 +1,207 @@
+// The pjrt backend: devices of any PJRT C API plugin ("pjrt:0", ...), the XLA CPU plugin here and
+// the CUDA or TPU plugins elsewhere, loaded at run time (pjrt_library.h). Without a plugin the
+// factory returns Unavailable with the reason and the rest of ferry works as before.
+//
+// Host -> device, per source (docs/pjrt.md has the measurements behind each choice):
+// - kImmutableZeroCopy of a dense, native, 64-byte-aligned source in the device dtype: the
+//   plugin's own BufferFromHostBuffer with ZeroCopy (the CPU plugin aliases it); on_done runs
+//   from the plugin's done_with_host_buffer event (at the buffer's destruction when it aliases).
+// - direct host access (the plugin's buffers are on the CPU, and
+//   ClientOptions::pjrt_direct_host_access is not false): ferry allocates the device memory from
+//   its warm cache, writes it with the fused copy-convert (any strides, any conversion) on the
+//   transfer engine's threads, and hands the plugin a view of it (CreateViewOfDeviceBuffer,
+//   whose on_delete gives the memory back). The plugin's own upload writes fresh pages every time.
+// - same dtype, native byte order, strides in whole elements: the plugin's BufferFromHostBuffer
+//   with the source's byte strides; on_done from done_with_host_buffer.
+// - anything else (a conversion, a byte-swapped file, odd strides): chunks of a bounded staging
+//   pool filled by the fused copy-convert and fed to the plugin's transfer manager
+//   (CreateBuffersForAsyncHostToDevice + TransferData): never a full-size temporary.
+// Every argument is checked before it reaches the plugin (the plugins crash on bad input).
+//
+// Threads: the plugin's event continuations run on_done and complete Ready() (PJRT's own
+// threads: the GIL deadlock path, for real); staged asynchronous transfers run on one worker
+// thread of the client; the direct path on the transfer engine's workers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "ferry/device/client.h"
+#include "ferry/device/memory_account.h"
+#include "ferry/device/registry.h"
+#include "src/device/host/transfer_engine.h"
+#include "src/device/pjrt/pjrt_runtime.h"
+
+namespace ferry::pjrt {
+
+class PjrtClient;
+
+// The PJRT element type of `dtype` (every ferry dtype has one).
+PJRT_Buffer_Type ToPjrtType(DType dtype);
+
+// What ferry learned about a plugin and its devices when the client started.
+struct PjrtPlatformInfo {
+  std::string plugin_path;
+  int api_major = 0;
+  int api_minor = 0;
+  std::string platform_name;     // "cpu", "cuda", "tpu"
+  std::string platform_version;  // the plugin's own words
+  // The plugin's buffers live in host memory (PJRT_Buffer_IsOnCpu of a probe buffer).
+  bool buffers_on_cpu = false;
+  // ferry writes and reads device memory itself (buffers_on_cpu, the entries it needs are there,
+  // and ClientOptions::pjrt_direct_host_access allows it).
+  bool direct_host_access = false;
+  // The plugin has the transfer manager entries (create-then-fill in chunks).
+  bool has_transfer_manager = false;
+  // The plugin has PJRT_Buffer_CopyRawToHost (partial reads).
+  bool has_raw_reads = false;
+};
+
+class PjrtDevice final : public Device {
+ public:
+  PjrtDevice(PjrtClient* client, int index, PJRT_Device* device, PJRT_Memory* default_memory,
+             std::string kind, std::vector<std::string> memory_kinds,
+             DeviceCapabilities capabilities);
+
+  Client* client() const override;
+  int index() const override { return index_; }
+  const std::string& name() const override { return name_; }
+  const DeviceCapabilities& capabilities() const override { return capabilities_; }
+  int64_t bytes_in_use() const override { return memory_->in_use(); }
+  std::string description() const override;
+
+  PJRT_Device* pjrt_device() const { return device_; }
+  // The device's default memory space; null when the plugin has no memories (older plugins).
+  PJRT_Memory* default_memory() const { return default_memory_; }
+  const std::string& kind() const { return kind_; }
+  const std::vector<std::string>& memory_kinds() const { return memory_kinds_; }
+  const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
+
+ private:
+  PjrtClient* const client_;
+  const int index_;
+  const std::string name_;
+  PJRT_Device* const device_;
+  PJRT_Memory* const default_memory_;
+  const std::string kind_;
+  const std::vector<std::string> memory_kinds_;
+  const DeviceCapabilities capabilities_;
+  const std::shared_ptr<MemoryAccount> memory_;
+};
+
+// Host chunks for staged transfers: a fixed number, handed out one at a time; a chunk returns
+// when the plugin's event says it has been read. Bounded: a transfer never holds more than
+// `num_chunks` x `chunk_bytes` of staging memory. Thread-safe.
+class StagingPool {
+ public:
+  static constexpr int kDefaultChunks = 4;
+  static constexpr int64_t kDefaultChunkBytes = int64_t{8} << 20;
+
+  StagingPool(int num_chunks = kDefaultChunks, int64_t chunk_bytes = kDefaultChunkBytes);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  int64_t chunk_bytes() const { return chunk_bytes_; }
+  // Waits for a free chunk. Never call it from a plugin callback.
+  std::byte* Acquire();
+  // Any thread.
+  void Release(std::byte* chunk);
+
+ private:
+  const int64_t chunk_bytes_;
+  std::vector<std::byte*> chunks_;
+  std::mutex mutex_;
+  std::condition_variable chunk_free_;
+  std::vector<std::byte*> free_ ABSL_GUARDED_BY(mutex_);
+};
+
+// One thread that runs a client's asynchronous staged transfers in FIFO order, so that the
+// callers of kImmutableUntilTransferCompletes never wait for a staging chunk themselves.
+class StagingWorker {
+ public:
+  using Job = absl::AnyInvocable<void(Status) &&>;
+  StagingWorker();
+  // Shutdown().
+  ~StagingWorker();
+  // FailedPrecondition (the job is dropped uncalled) after Shutdown.
+  Status Submit(Job job);
+  // Runs every queued job with Cancelled, lets the running one finish, joins. Idempotent.
+  void Shutdown();
+
+ private:
+  void Loop();
+
+  std::mutex mutex_;
+  std::condition_variable job_available_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  std::thread thread_;
+};
+
+class PjrtClient final : public Client {
+ public:
+  // Finds and loads the plugin (options.pjrt_plugin, FERRY_PJRT_PLUGIN, else the first installed
+  // one), creates its client with options.plugin_options (and `cpu_device_count` =
+  // options.num_devices when that is given and the options do not name it) and makes one ferry
+  // device per addressable PJRT device (the first num_devices of them when that is given).
+  // Unavailable when there is no plugin or it cannot start; InvalidArgument for options the
+  // plugin would crash on (a negative cpu_device_count).
+  static StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  // Stops new work, cancels staged transfers that have not started, waits for every transfer
+  // and callback in flight (every on_done has run, every Ready() has completed), then lets go of
+  // the PJRT client; buffers that outlive this keep it (and only it) alive, and their calls fail
+  // with FailedPrecondition.
+  ~PjrtClient() override;
+
+  std::string_view backend() const override { return "pjrt"; }
+  absl::Span<Device* const> devices() const override { return device_pointers_; }
+
+  StatusOr<std::unique_ptr<Buffer>> BufferFromHostBuffer(const HostView& src, DType device_dtype,
+                                                         Device* device,
+                                                         HostBufferSemantics semantics,
+                                                         OnDoneWithHostBuffer on_done,
+                                                         std::string_view tensor_name) override;
+
+  const PjrtPlatformInfo& platform() const { return platform_; }
+  const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }
+  StagingPool& staging() { return *staging_; }
+  const std::shared_ptr<host::TransferEngine>& engine() const { return engine_; }
+  // Runs `job` on the client's staging worker (work that may wait for staging chunks and so must
+  // not run on a plugin thread). FailedPrecondition once the client is shutting down.
+  Status RunOnStagingWorker(StagingWorker::Job job) { return worker_->Submit(std::move(job)); }
+
+ private:
+  explicit PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers);
+  Status Initialize(const ClientOptions& options);
+
+  StatusOr<std::unique_ptr<Buffer>> PutThroughPlugin(const HostView& src, PjrtDevice* device,
+                                                     HostBufferSemantics semantics,
+                                                     OnDoneWithHostBuffer on_done,
+                                                     std::string_view tensor_name);
+  StatusOr<std::unique_ptr<Buffer>> PutDirect(const HostView& src, DType device_dtype,
+                                              PjrtDevice* device, HostBufferSemantics semantics,
+                                              OnDoneWithHostBuffer on_done,
+                                              std::string_view tensor_name);
+  StatusOr<std::unique_ptr<Buffer>> PutStaged(const HostView& src, DType device_dtype,
+                                              PjrtDevice* device, HostBufferSemantics semantics,
+                                              OnDoneWithHostBuffer on_done,
+                                              std::string_view tensor_name);
+
+  const std::shared_ptr<PjrtRuntime> runtime_;
+  PjrtPlatformInfo platform_;
+  std::vector<std::unique_ptr<PjrtDevice>> devices_;
+  std::vector<Device*> device_pointers_;
+  std::unique_ptr<StagingPool> staging_;
+  std::unique_ptr<StagingWorker> worker_;
+  std::shared_ptr<host::TransferEngine> engine_;
+};
+
+}  // namespace ferry::pjrt

@@ -1,0 +1,52 @@
+// Runs the device-API conformance suite on the pjrt backend, three ways:
+// - "pjrt": the plugin found as a user's program finds it (FERRY_PJRT_PLUGIN, else the first
+//   installed one: here the XLA CPU plugin, API 0.81), with every path ferry picks for it (on
+//   the CPU plugin: direct writes into ferry's memory, handed to the plugin as views);
+// - "pjrt_plugin_paths": the same plugin with direct host access turned off, so every transfer
+//   goes through the plugin's own entries as it would on a GPU (BufferFromHostBuffer with byte
+//   strides, the transfer manager fed from staging chunks, partial reads);
+// - "pjrt_api115": the same plugin built at API 0.115 (lammps-jax-pjrt-cpu), through its own
+//   entries too: ferry's 0.81 header driving a newer plugin.
+// Where no plugin is installed, the factory returns Unavailable and every test skips with that
+// reason.
+#include "conformance_suite.h"
+
+namespace {
+
+ferry::ClientOptions WithPjrt(ferry::ClientOptions options, std::optional<std::string> plugin,
+                              std::optional<bool> direct) {
+  if (plugin.has_value()) options.pjrt_plugin = plugin;
+  options.pjrt_direct_host_access = direct;
+  return options;
+}
+
+// The CPU plugins accept cpu_device_count, so several devices may be asked for; the memory limit
+// and the dtype profile are ferry's own accounting, honoured on every plugin.
+ferry::conformance::ConformanceBackend PjrtBackend(std::string variant,
+                                                   std::optional<std::string> plugin,
+                                                   std::optional<bool> direct) {
+  return {
+      .name = "pjrt",
+      .variant = std::move(variant),
+      .make_client =
+          [plugin, direct](const ferry::ClientOptions& options) {
+            return ferry::CreateClient("pjrt", WithPjrt(options, plugin, direct));
+          },
+      // The CPU plugin aliases dense, 64-byte-aligned sources with kImmutableZeroCopy.
+      .can_alias_host_memory = true,
+      .honours_num_devices_option = true,
+      .honours_memory_limit_option = true,
+      .honours_capabilities_option = true,
+      .skipped_tests = {},
+  };
+}
+
+[[maybe_unused]] const bool kPjrtRegistered =
+    ferry::conformance::RegisterConformanceBackend(PjrtBackend("", std::nullopt, std::nullopt));
+[[maybe_unused]] const bool kPjrtPluginPathsRegistered =
+    ferry::conformance::RegisterConformanceBackend(
+        PjrtBackend("plugin_paths", std::nullopt, false));
+[[maybe_unused]] const bool kPjrtApi115Registered = ferry::conformance::RegisterConformanceBackend(
+    PjrtBackend("api115", "lammps_jax_pjrt_cpu", false));
+
+}  // namespace
