@@ -7,6 +7,7 @@
 
 #include "ferry/core/status.h"
 #include "fmt/format.h"
+#include "src/io/utf8.h"
 
 namespace ferry::io_internal {
 
@@ -16,10 +17,23 @@ inline Status MalformedError(std::string_view context, std::string_view message)
   return InvalidArgumentError(fmt::format("{}: {}", context, message));
 }
 
-inline std::string FileContext(std::string_view file) { return fmt::format("file '{}'", file); }
+// The longest file name and the longest tensor name quoted in a message, in characters.
+inline constexpr size_t kQuotedPathLength = 4096;
+inline constexpr size_t kQuotedNameLength = 256;
+
+// Names are quoted through EscapeForMessage: a path need not be UTF-8, and a tensor name may hold
+// any character, control characters included.
+inline std::string FileContext(std::string_view file) {
+  return fmt::format("file '{}'", EscapeForMessage(file, kQuotedPathLength));
+}
 
 inline std::string TensorContext(std::string_view file, std::string_view tensor) {
-  return fmt::format("file '{}': tensor '{}'", file, tensor);
+  return fmt::format("{}: tensor '{}'", FileContext(file),
+                     EscapeForMessage(tensor, kQuotedNameLength));
+}
+
+inline std::string MemberContext(std::string_view file_context, std::string_view member) {
+  return fmt::format("{}: member '{}'", file_context, EscapeForMessage(member, kQuotedNameLength));
 }
 
 // The message of `status` as a std::string_view (Debian's abseil has its own string_view type,

@@ -57,7 +57,7 @@ StatusOr<ParsedTensors> ParseNpz(const std::shared_ptr<const MappedFile>& file,
   parsed.data_end = file->size();
   parsed.tensors.reserve(members.size());
   for (const ZipMember& member : members) {
-    const std::string member_context = fmt::format("{}: member '{}'", context, member.name);
+    const std::string member_context = MemberContext(context, member.name);
     const std::string_view name = member.name;
     if (name.size() <= kNpySuffix.size() ||
         name.substr(name.size() - kNpySuffix.size()) != kNpySuffix) {

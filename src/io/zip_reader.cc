@@ -232,8 +232,7 @@ StatusOr<std::vector<ZipMember>> ReadZipDirectory(absl::Span<const std::byte> by
     }
     const uint64_t name_offset = position + kCentralDirectoryEntrySize;
     const std::string_view name = archive.Text(name_offset, name_size);
-    const std::string member_context =
-        fmt::format("{}: member '{}'", context, Printable(name, 256));
+    const std::string member_context = MemberContext(context, name);
     if (name.empty()) return MalformedError(entry_context, "the member has an empty name");
     if (FindInvalidUtf8(name) >= 0) {
       return MalformedError(member_context, "the member name is not valid UTF-8");
@@ -321,9 +320,10 @@ StatusOr<std::vector<ZipMember>> ReadZipDirectory(absl::Span<const std::byte> by
   for (size_t i = 1; i < by_offset.size(); ++i) {
     const ZipMember& previous = *by_offset[i - 1];
     if (previous.data_offset + previous.compressed_size > by_offset[i]->local_header_offset) {
-      return MalformedError(
-          context, fmt::format("members '{}' and '{}' overlap", Printable(previous.name, 256),
-                               Printable(by_offset[i]->name, 256)));
+      return MalformedError(context,
+                            fmt::format("members '{}' and '{}' overlap",
+                                        EscapeForMessage(previous.name, kQuotedNameLength),
+                                        EscapeForMessage(by_offset[i]->name, kQuotedNameLength)));
     }
   }
   return members;

@@ -14,6 +14,7 @@
 #include "ferry/io/tensor_file.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
+#include "src/io/utf8.h"
 #include "src/python/gil.h"
 #include "src/python/numpy_arrays.h"
 #include "src/python/py_source.h"
@@ -33,6 +34,16 @@ nb::tuple LoadFile(const std::string& path) {
   {
     ScopedGilRelease unlocked;
     opened = TensorFile::Open(path);
+  }
+  // The readers quote file text escaped; should a message still hold a byte that is not UTF-8,
+  // Python could not decode it and would raise UnicodeDecodeError instead of the ferry.Error.
+  if (!opened.ok()) {
+    const std::string_view message(opened.status().message().data(),
+                                   opened.status().message().size());
+    if (io_internal::FindInvalidUtf8(message) >= 0) {
+      throw StatusError{
+          Status(opened.status().code(), io_internal::EscapeForMessage(message, message.size()))};
+    }
   }
   const TensorFile file = ValueOrThrow(std::move(opened));
   nb::list entries;

@@ -1,5 +1,6 @@
-// The io layer's internal pieces on their own: the byte-swapping copy, UTF-8 validation and the
-// row-major chunking that the writers use for strided views (random views, printed seed).
+// The io layer's internal pieces on their own: the byte-swapping copy, UTF-8 validation, the
+// quoting of file text in messages and the row-major chunking that the writers use for strided
+// views (random views, printed seed).
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -67,6 +68,33 @@ TEST(Utf8Test, ValidAndInvalidSequences) {
   EXPECT_EQ(FindInvalidUtf8("\xF4\x90\x80\x80"), 0);   // above U+10FFFF
   EXPECT_EQ(FindInvalidUtf8("x\xE2\x82"), 1);          // truncated
   EXPECT_EQ(FindInvalidUtf8("\xFF"), 0);
+}
+
+TEST(EscapeForMessageTest, KeepsWholePrintableCharactersAndEscapesTheRest) {
+  EXPECT_EQ(EscapeForMessage("w.0 \xC3\xA9\xE6\xA8\xA1\xF0\x9F\x98\x80"),
+            "w.0 \xC3\xA9\xE6\xA8\xA1\xF0\x9F\x98\x80");
+  EXPECT_EQ(EscapeForMessage("a\\b\n\t\r\x1B[31m\x7F"), "a\\\\b\\n\\t\\r\\x1b[31m\\x7f");
+  // C1 controls, a bidirectional override, the line separator and the byte-order mark.
+  EXPECT_EQ(EscapeForMessage("\xC2\x85\xE2\x80\xAEx\xE2\x80\xA8\xEF\xBB\xBF"),
+            "\\u0085\\u202ex\\u2028\\ufeff");
+  // Bytes that do not start a valid sequence, each on its own; a truncated sequence too.
+  EXPECT_EQ(EscapeForMessage("a\xFF\xC3(\xE6\xA8"), "a\\xff\\xc3(\\xe6\\xa8");
+  // Cut after whole characters, never inside one.
+  EXPECT_EQ(EscapeForMessage("\xE6\xA8\xA1\xE5\x9E\x8B\xE6\x9D\x83", 2),
+            "\xE6\xA8\xA1\xE5\x9E\x8B...");
+  EXPECT_EQ(EscapeForMessage("abc", 3), "abc");
+  EXPECT_EQ(EscapeForMessage("", 3), "");
+  // Whatever goes in, what comes out is valid UTF-8 without control characters.
+  std::mt19937 rng(1818);
+  for (int round = 0; round < 2000; ++round) {
+    std::string text(rng() % 16, '\0');
+    for (char& c : text) c = static_cast<char>(rng() % 256);
+    const std::string escaped = EscapeForMessage(text, 1 + rng() % 20);
+    EXPECT_EQ(FindInvalidUtf8(escaped), -1) << "seed 1818, round " << round;
+    for (char c : escaped) {
+      EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7F) << "round " << round;
+    }
+  }
 }
 
 // A random strided view into `storage` (f32 or other dtype): permuted, stepped, reversed and
