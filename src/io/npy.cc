@@ -115,7 +115,7 @@ StatusOr<NpyArray> ParseNpy(absl::Span<const std::byte> bytes, std::string_view 
                                                  invalid));
     }
   }
-  auto dict = ParseNpyHeaderDict(header);
+  auto dict = ParseNpyHeaderDict(header, /*python2_long_suffixes=*/major < 3);
   if (!dict.ok()) return WithContext(dict.status(), context);
 
   NpyArray array;
@@ -125,11 +125,13 @@ StatusOr<NpyArray> ParseNpy(absl::Span<const std::byte> bytes, std::string_view 
   array.dims = dict->shape;
   array.fortran_order = dict->fortran_order;
   array.data_offset = header_begin + header_size;
-  auto count = CheckedNumElements(array.dims);
-  if (!count.ok() || __builtin_mul_overflow(*count, DTypeSize(array.dtype), &array.data_bytes)) {
+  auto data_bytes = CheckedTensorBytes(array.dims, DTypeSize(array.dtype));
+  if (!data_bytes.ok()) {
     return MalformedError(
-        context, fmt::format("the byte size of shape {} overflows", ShapeText(array.dims)));
+        context, fmt::format("the byte size of shape {} overflows: {}", ShapeText(array.dims),
+                             MessageOf(data_bytes.status())));
   }
+  array.data_bytes = *data_bytes;
   const int64_t available = size - array.data_offset;
   if (array.data_bytes > available) {
     return MalformedError(context, fmt::format("shape {} of '{}' needs {} bytes of data, but only "

@@ -26,9 +26,10 @@ struct NpyHeaderDict {
 // Parses the header text (without magic, version and length) strictly: a Python dict literal with
 // exactly the keys 'descr' (a string), 'fortran_order' (True or False) and 'shape' (a tuple of
 // non-negative ints), in any order, with optional trailing commas, surrounded by whitespace.
-// Structured (list) descrs are refused with a message saying so. Error messages carry no file
-// context; the caller adds it.
-StatusOr<NpyHeaderDict> ParseNpyHeaderDict(std::string_view text);
+// Structured (list) descrs are refused with a message saying so. With `python2_long_suffixes`
+// (numpy allows them in version 1.0 and 2.0 headers), a shape dim may end in Python 2's long
+// suffix, `(3L, 6L)`. Error messages carry no file context; the caller adds it.
+StatusOr<NpyHeaderDict> ParseNpyHeaderDict(std::string_view text, bool python2_long_suffixes);
 
 // A parsed and validated .npy: where its data lies and how to read it.
 struct NpyArray {

@@ -1,7 +1,8 @@
 // A strict parser for the header dict of a .npy file. numpy itself evaluates the header with
 // ast.literal_eval; this parser accepts exactly the literals that numpy writes (and the harmless
-// variations of them: key order, quotes, whitespace, trailing commas), and nothing that would need
-// an evaluator. It never recurses, so no header can exhaust the stack.
+// variations of them: key order, quotes, whitespace, trailing commas, and the `L` suffix of the
+// integers that Python 2 wrote), and nothing that would need an evaluator. It never recurses, so no
+// header can exhaust the stack.
 #include <string>
 #include <string_view>
 
@@ -19,7 +20,8 @@ bool IsIdentifierChar(char c) {
 
 class DictParser {
  public:
-  explicit DictParser(std::string_view text) : text_(text) {}
+  DictParser(std::string_view text, bool python2_long_suffixes)
+      : text_(text), python2_long_suffixes_(python2_long_suffixes) {}
 
   StatusOr<NpyHeaderDict> Parse() {
     NpyHeaderDict dict;
@@ -152,10 +154,27 @@ class DictParser {
       position_ = begin;
       return Error("a 'shape' dim has a leading zero");
     }
+    if (python2_long_suffixes_) SkipLongSuffix();
     if (!AtEnd() && IsIdentifierChar(text_[position_])) {
-      return Error("'shape' must hold plain integers (no suffix, exponent or fraction)");
+      return Error(python2_long_suffixes_
+                       ? "'shape' must hold plain integers (no suffix but Python 2's L, exponent "
+                         "or fraction)"
+                       : "'shape' must hold plain integers (no suffix, exponent or fraction; "
+                         "Python 2's L is read in version 1.0 and 2.0 headers only)");
     }
     return value;
+  }
+
+  // Python 2 wrote long integers as `3L`. numpy reads such 1.0 and 2.0 headers by dropping an `L`
+  // token that follows a number token (format._filter_header): the `L` alone, uppercase, after
+  // optional whitespace. Skips it when it is there.
+  void SkipLongSuffix() {
+    size_t next = position_;
+    while (next < text_.size() && IsSpace(text_[next])) ++next;
+    if (next < text_.size() && text_[next] == 'L' &&
+        (next + 1 == text_.size() || !IsIdentifierChar(text_[next + 1]))) {
+      position_ = next + 1;
+    }
   }
 
   // (), (n,), (a, b), (a, b,): a tuple literal. "(n)" is a parenthesised int, not a tuple.
@@ -185,13 +204,14 @@ class DictParser {
   }
 
   std::string_view text_;
+  bool python2_long_suffixes_;
   size_t position_ = 0;
 };
 
 }  // namespace
 
-StatusOr<NpyHeaderDict> ParseNpyHeaderDict(std::string_view text) {
-  return DictParser(text).Parse();
+StatusOr<NpyHeaderDict> ParseNpyHeaderDict(std::string_view text, bool python2_long_suffixes) {
+  return DictParser(text, python2_long_suffixes).Parse();
 }
 
 std::string Printable(std::string_view text, size_t max_length) {

@@ -37,6 +37,39 @@ std::string_view JsonTypeName(const Json& value) {
   return value.type_name();
 }
 
+// The message for a JSON syntax error. nlohmann's own quotes the bytes of the token it was reading
+// as they are, which can end inside a multi-byte character (and Python cannot then decode the
+// message at all); so its description is kept without them, and the header is quoted from the
+// start of the character the parser stopped at, whole characters only, escaped.
+std::string JsonSyntaxErrorMessage(std::string_view text, const Json::parse_error& error) {
+  std::string_view description = error.what();
+  // "[json.exception.parse_error.101] parse error at line 1, column 7: syntax error while
+  // parsing value - invalid literal; last read: '...'; expected ..."
+  if (const size_t prefix_end = description.find("] "); prefix_end != std::string_view::npos) {
+    description.remove_prefix(prefix_end + 2);
+  }
+  if (const size_t at_line = description.find(" at line "); at_line != std::string_view::npos) {
+    if (const size_t colon = description.find(": ", at_line); colon != std::string_view::npos) {
+      description = description.substr(colon + 2);
+    }
+  }
+  description = description.substr(0, description.find("; last read"));
+  // error.byte counts the bytes read, the one that failed included.
+  size_t position = std::min<size_t>(error.byte > 0 ? error.byte - 1 : 0, text.size());
+  for (int back = 0; back < 3 && position > 0 && position < text.size() &&
+                     (static_cast<unsigned char>(text[position]) & 0xC0) == 0x80;
+       ++back) {
+    --position;
+  }
+  if (position >= text.size()) {
+    return fmt::format("the header is not valid JSON: {}, at the end of the header",
+                       EscapeForMessage(description, 256));
+  }
+  return fmt::format("the header is not valid JSON: {}, at header byte {}: \"{}\"",
+                     EscapeForMessage(description, 256), position,
+                     EscapeForMessage(text.substr(position), 24));
+}
+
 // Parses the header text, rejecting duplicate keys at any level and excessive nesting.
 StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) {
   std::vector<std::unordered_set<std::string>> open_objects;
@@ -46,7 +79,9 @@ StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) 
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
-        if (depth >= kSafetensorsMaxJsonDepth) too_deep = true;
+        // `depth` counts the containers around this one (0 for the outermost object), so this
+        // one is level depth + 1.
+        if (depth + 1 > kSafetensorsMaxJsonDepth) too_deep = true;
         if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
         break;
       case Json::parse_event_t::object_end:
@@ -69,20 +104,23 @@ StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) 
   try {
     header = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
                          /*ignore_comments=*/false);
-  } catch (const Json::exception& error) {
+  } catch (const Json::parse_error& error) {
     if (too_deep) {
       return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
                                                  kSafetensorsMaxJsonDepth));
     }
-    return MalformedError(context, fmt::format("the header is not valid JSON: {}", error.what()));
+    return MalformedError(context, JsonSyntaxErrorMessage(text, error));
+  } catch (const Json::exception& error) {
+    return MalformedError(context, fmt::format("the header is not valid JSON: {}",
+                                               EscapeForMessage(error.what(), 256)));
   }
   if (too_deep) {
     return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
                                                kSafetensorsMaxJsonDepth));
   }
   if (!duplicate_key.empty()) {
-    return MalformedError(context,
-                          fmt::format("the JSON header has the key \"{}\" twice", duplicate_key));
+    return MalformedError(context, fmt::format("the JSON header has the key \"{}\" twice",
+                                               EscapeForMessage(duplicate_key, kQuotedNameLength)));
   }
   if (!header.is_object()) {
     return MalformedError(
@@ -103,7 +141,7 @@ Status ParseMetadata(const Json& value, std::string_view context,
     if (!item.is_string()) {
       return MalformedError(
           context, fmt::format("\"__metadata__\" must map strings to strings, but \"{}\" is {}",
-                               key, JsonTypeName(item)));
+                               EscapeForMessage(key, kQuotedNameLength), JsonTypeName(item)));
     }
     metadata.emplace(key, item.get<std::string>());
   }
@@ -159,8 +197,9 @@ StatusOr<HeaderEntry> ParseEntry(const std::string& name, const Json& value,
   entry.dtype_name = dtype.get<std::string>();
   auto parsed_dtype = DTypeFromSafetensorsName(entry.dtype_name);
   if (!parsed_dtype.ok()) {
-    return MalformedError(context, fmt::format("unsupported dtype \"{}\" (ferry reads {})",
-                                               entry.dtype_name, KnownDTypeNames()));
+    return MalformedError(context,
+                          fmt::format("unsupported dtype \"{}\" (ferry reads {})",
+                                      EscapeForMessage(entry.dtype_name), KnownDTypeNames()));
   }
   entry.dtype = *parsed_dtype;
 
@@ -206,16 +245,19 @@ StatusOr<uint64_t> ValidateLayout(const std::vector<HeaderEntry>& entries,
                                  entry.begin, entry.end));
       }
       if (entry.begin > expected_begin) {
-        return MalformedError(context,
-                              fmt::format("data_offsets [{}, {}] leave a gap of {} bytes after "
-                                          "tensor '{}', which ends at byte {}",
-                                          entry.begin, entry.end, entry.begin - expected_begin,
-                                          previous->name, expected_begin));
+        return MalformedError(
+            context,
+            fmt::format("data_offsets [{}, {}] leave a gap of {} bytes after "
+                        "tensor '{}', which ends at byte {}",
+                        entry.begin, entry.end, entry.begin - expected_begin,
+                        EscapeForMessage(previous->name, kQuotedNameLength), expected_begin));
       }
-      return MalformedError(context,
-                            fmt::format("data_offsets [{}, {}] overlap tensor '{}', which ends "
-                                        "at byte {}",
-                                        entry.begin, entry.end, previous->name, expected_begin));
+      return MalformedError(
+          context,
+          fmt::format("data_offsets [{}, {}] overlap tensor '{}', which ends "
+                      "at byte {}",
+                      entry.begin, entry.end, EscapeForMessage(previous->name, kQuotedNameLength),
+                      expected_begin));
     }
     // Checked multiplication, left to right, as the reference does.
     uint64_t num_bytes = 1;
@@ -230,6 +272,12 @@ StatusOr<uint64_t> ValidateLayout(const std::vector<HeaderEntry>& entries,
     if (overflow) {
       return MalformedError(context, fmt::format("the byte size of shape [{}] of {} overflows",
                                                  fmt::join(entry.dims, ", "), entry.dtype_name));
+    }
+    // Stricter than the reference where a zero dim hides huge others (see CheckedTensorBytes).
+    if (auto checked = CheckedTensorBytes(entry.dims, DTypeSize(entry.dtype)); !checked.ok()) {
+      return MalformedError(context, fmt::format("the byte size of shape [{}] of {} overflows: {}",
+                                                 fmt::join(entry.dims, ", "), entry.dtype_name,
+                                                 MessageOf(checked.status())));
     }
     if (entry.end - entry.begin != num_bytes) {
       return MalformedError(
@@ -269,6 +317,13 @@ StatusOr<ParsedTensors> ParseSafetensors(const std::shared_ptr<const MappedFile>
   if (const int64_t invalid = FindInvalidUtf8(header_text); invalid >= 0) {
     return MalformedError(
         context, fmt::format("the header is not valid UTF-8 (at header byte {})", invalid));
+  }
+  // RFC 8259 lets a parser ignore a byte-order mark, and nlohmann does; serde_json (the reference)
+  // refuses it, and so does ferry, so that a file one of them accepts the other accepts too.
+  if (header_text.substr(0, 3) == "\xEF\xBB\xBF") {
+    return MalformedError(context,
+                          "the header is not valid JSON: it starts with a UTF-8 byte-order "
+                          "mark (EF BB BF)");
   }
   // JSON never holds a raw NUL (control characters in strings must be escaped), but nlohmann's
   // lexer takes one as the end of its input and would accept whatever follows it.

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "ferry/runtime/tensor_source.h"
 #include "fmt/format.h"
 #include "src/io/file_error.h"
@@ -22,6 +23,23 @@ Dims ColumnMajorByteStrides(const Dims& dims, int64_t element_size) {
 }
 
 }  // namespace
+
+StatusOr<int64_t> CheckedTensorBytes(absl::Span<const int64_t> dims, int64_t element_size) {
+  // numpy's PyArray_NewFromDescr: zero dims are skipped, every other dim multiplies the element
+  // size with an overflow check, and a zero dim makes the size 0 only afterwards.
+  const bool empty = absl::c_linear_search(dims, 0);
+  int64_t nonzero_bytes = element_size;
+  for (int64_t dim : dims) {
+    if (dim < 0) return InvalidArgumentError(fmt::format("shape has a negative dim {}", dim));
+    if (dim != 0 && __builtin_mul_overflow(nonzero_bytes, dim, &nonzero_bytes)) {
+      return InvalidArgumentError(fmt::format(
+          "{}{}-byte elements span more than 2^63 - 1 bytes (numpy refuses such a shape: \"array "
+          "is too big\")",
+          empty ? "even with its zero dims left out, its " : "its ", element_size));
+    }
+  }
+  return empty ? 0 : nonzero_bytes;
+}
 
 StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std::byte* region_begin,
                                           int64_t region_size,

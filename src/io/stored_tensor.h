@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_view.h"
 #include "ferry/core/status.h"
@@ -31,6 +32,14 @@ struct StoredTensor {
   const std::byte* data = nullptr;
   int64_t num_bytes = 0;
 };
+
+// The bytes a tensor of `dims` with `element_size`-byte elements holds, under numpy's rule for
+// what a shape may be, which every format follows: the product of the non-zero dims times the
+// element size fits int64 even when another dim is zero. numpy refuses a larger shape ("array is
+// too big"), so no reader of the file could hold it as an array, and its row-major byte strides
+// would not fit int64 either. Otherwise InvalidArgument saying so, without context or shape; the
+// caller adds them.
+StatusOr<int64_t> CheckedTensorBytes(absl::Span<const int64_t> dims, int64_t element_size);
 
 // Makes the entry for `tensor`, whose bytes lie inside [region_begin, region_begin + region_size)
 // and stay valid while `keep_alive` lives. The data is borrowed (the source holds `keep_alive`),

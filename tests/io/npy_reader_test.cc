@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ferry/core/copy_convert.h"
@@ -231,7 +232,7 @@ TEST(NpyReaderTest, ShapeMustBeATupleOfNonNegativeInts) {
   ExpectRejected(NpyBytes(Dict("<f4", "[3]"), ""), {"'shape' must be a tuple"});
   ExpectRejected(NpyBytes(Dict("<f4", "(3)"), ""), {"(n) is an int, not a tuple"});
   ExpectRejected(NpyBytes(Dict("<f4", "(-1,)"), ""), {"'shape' must hold non-negative integers"});
-  ExpectRejected(NpyBytes(Dict("<f4", "(3L,)"), ""), {"plain integers"});
+  ExpectRejected(NpyBytes(Dict("<f4", "(3l,)"), ""), {"plain integers"});  // 3L: see below
   ExpectRejected(NpyBytes(Dict("<f4", "(2.0,)"), ""), {"plain integers"});
   ExpectRejected(NpyBytes(Dict("<f4", "(1_0,)"), ""), {"plain integers"});
   ExpectRejected(NpyBytes(Dict("<f4", "(03,)"), ""), {"leading zero"});
@@ -276,6 +277,53 @@ TEST(NpyReaderTest, BytesAfterTheDataAreRejected) {
 TEST(NpyReaderTest, ShapeWhoseByteSizeOverflowsIsRejected) {
   ExpectRejected(NpyBytes(Dict("<f8", "(4611686018427387904,)"), ""), {"overflows"});
   ExpectRejected(NpyBytes(Dict("<f8", "(4294967296, 4294967296)"), ""), {"overflows"});
+}
+
+TEST(NpyReaderTest, EmptyShapeIsRejectedWhenItsOtherDimsWouldBeTooBigForNumpy) {
+  // numpy skips zero dims and refuses the shape when the others times the element size overflow
+  // ("array is too big"), although the array would hold no bytes at all.
+  ExpectRejected(NpyBytes(Dict("<f4", "(0, 4611686018427387904)"), ""),
+                 {"byte size of shape (0, 4611686018427387904) overflows",
+                  "even with its zero dims left out", "array is too big"});
+  ExpectRejected(NpyBytes(Dict("<f8", "(1152921504606846976, 0)", /*fortran=*/true), ""),
+                 {"array is too big"});
+  ExpectRejected(NpyBytes(Dict("|u1", "(3, 0, 4611686018427387904)"), ""), {"array is too big"});
+  // What numpy still makes: 2^62 one-byte or 2^59 eight-byte elements.
+  for (const auto& [descr, shape, stride] :
+       {std::tuple{"|u1", "(0, 4611686018427387904)", int64_t{1} << 62},
+        {"<f8", "(0, 576460752303423488)", int64_t{1} << 62}}) {
+    auto parsed = ParseBytes(NpyBytes(Dict(descr, shape), ""), "x.npy");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->tensors()[0].source->view().num_elements(), 0);
+    EXPECT_EQ(parsed->tensors()[0].source->view().byte_strides[0], stride);
+  }
+}
+
+TEST(NpyReaderTest, Python2LongSuffixesAreReadInVersionOneAndTwoHeaders) {
+  // Python 2's numpy wrote `3L` for a long; numpy still reads such 1.0 and 2.0 headers.
+  std::vector<uint32_t> values(18);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0x9E3779B9u * static_cast<uint32_t>(i + 1);
+  for (int major : {1, 2}) {
+    for (const char* shape : {"(3L, 6L)", "(3L, 6L,)", "(3 L, 6)", "(3, 6L )"}) {
+      auto parsed = ParseBytes(NpyBytes(Dict("<u4", shape), RawBytes(values), major), "x.npy");
+      ASSERT_TRUE(parsed.ok()) << shape << " version " << major << ": " << parsed.status();
+      const HostView& view = parsed->tensors()[0].source->view();
+      EXPECT_EQ(view.dims, Dims({3, 6})) << shape;
+      EXPECT_EQ(ReadRowMajor<uint32_t>(view), values) << shape;
+    }
+    auto parsed = ParseBytes(NpyBytes(Dict("<u4", "(18L,)"), RawBytes(values), major), "x.npy");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->tensors()[0].source->view().dims, Dims({18}));
+    parsed = ParseBytes(NpyBytes(Dict("<u4", "(0L, 5L)"), "", major), "x.npy");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(parsed->tensors()[0].source->view().dims, Dims({0, 5}));
+  }
+  // numpy drops only an uppercase L token after a number, and only before version 3.0.
+  ExpectRejected(NpyBytes(Dict("<u4", "(3l, 6l)"), RawBytes(values)), {"plain integers"});
+  ExpectRejected(NpyBytes(Dict("<u4", "(3LL, 6)"), RawBytes(values)), {"plain integers"});
+  ExpectRejected(NpyBytes(Dict("<u4", "(03L, 6)"), RawBytes(values)), {"leading zero"});
+  ExpectRejected(NpyBytes(Dict("<u4", "(3L, 6L)"), RawBytes(values), 3),
+                 {"plain integers", "version 1.0 and 2.0 headers only"});
 }
 
 }  // namespace

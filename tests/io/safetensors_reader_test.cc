@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io_test_util.h"
+#include "src/io/utf8.h"
 
 namespace ferry {
 namespace {
@@ -18,6 +19,7 @@ using ::ferry::io_test::ParseBytes;
 using ::ferry::io_test::RawBytes;
 using ::ferry::io_test::SafetensorsBytes;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Parses `bytes` as safetensors and expects InvalidArgument with every one of `parts` in it.
 void ExpectRejected(const std::string& bytes, const std::vector<std::string>& parts) {
@@ -157,7 +159,86 @@ TEST(SafetensorsReaderTest, HeaderThatIsNotAnObjectIsRejected) {
 
 TEST(SafetensorsReaderTest, DeeplyNestedJsonIsRejected) {
   const std::string deep = "{\"__x\":" + std::string(200, '[') + std::string(200, ']') + "}";
-  ExpectRejected(SafetensorsBytes(deep, ""), {"nests deeper than 128 levels"});
+  ExpectRejected(SafetensorsBytes(deep, ""), {"nests deeper than 127 levels"});
+}
+
+// An entry with an ignored key "x" holding arrays nested so that the header is `levels` deep (the
+// outer object and the entry count as two).
+std::string NestedHeader(int levels) {
+  return R"({"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":)" +
+         std::string(levels - 2, '[') + std::string(levels - 2, ']') + "}}";
+}
+
+TEST(SafetensorsReaderTest, JsonNestedAsDeepAsTheReferenceAllowsIsReadAndOneLevelMoreIsNot) {
+  // serde_json, which the reference uses, reads 127 levels and refuses 128.
+  auto parsed = ParseBytes(SafetensorsBytes(NestedHeader(127), "a"));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->tensors().size(), 1u);
+  ExpectRejected(SafetensorsBytes(NestedHeader(128), "a"), {"nests deeper than 127 levels"});
+}
+
+TEST(SafetensorsReaderTest, ByteOrderMarkBeforeTheJsonIsRejected) {
+  const std::string header = R"({"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})";
+  ExpectRejected(SafetensorsBytes("\xEF\xBB\xBF" + header, "a"),
+                 {"not valid JSON", "byte-order mark"});
+  ExpectRejected(SafetensorsBytes("  \xEF\xBB\xBF" + header, "a"), {"not valid JSON"});
+  // Inside a string it is just a character.
+  auto parsed = ParseBytes(SafetensorsBytes("{\"__metadata__\":{\"k\":\"\xEF\xBB\xBFv\"}}", ""));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->metadata().at("k"), "\xEF\xBB\xBFv");
+}
+
+// Rejects `bytes` and returns the message, which must be valid UTF-8 holding no control character.
+std::string RejectedMessageIsPrintable(const std::string& bytes, std::string display_name) {
+  auto parsed = ParseBytes(bytes, std::move(display_name), TensorFileFormat::kSafetensors);
+  EXPECT_FALSE(parsed.ok()) << "accepted a malformed file";
+  if (parsed.ok()) return "";
+  const std::string message(parsed.status().message());
+  EXPECT_EQ(io_internal::FindInvalidUtf8(message), -1) << message;
+  for (char c : message) {
+    EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20 || c == 0x7F) << message;
+  }
+  return message;
+}
+
+TEST(SafetensorsReaderTest, JsonErrorsQuoteTheHeaderInWholeEscapedCharacters) {
+  // nlohmann's own message quotes the token it read as raw bytes: here the first byte of 'é'.
+  std::string message =
+      RejectedMessageIsPrintable(SafetensorsBytes("{\"t\": \xC3\xA9}", ""), "model.safetensors");
+  EXPECT_THAT(message, HasSubstr("not valid JSON"));
+  EXPECT_THAT(message, HasSubstr("at header byte 6: \"\xC3\xA9}\""));
+  EXPECT_THAT(message, Not(HasSubstr("last read")));
+  // The error inside a four-byte character, quoted from its first byte.
+  message = RejectedMessageIsPrintable(
+      SafetensorsBytes("{\"ok\":1,\"t\":[1,\xF0\x9F\x98\x80]}", ""), "model.safetensors");
+  EXPECT_THAT(message, HasSubstr("at header byte 15: \"\xF0\x9F\x98\x80]}\""));
+  // A terminal escape sequence in the header is quoted escaped.
+  message =
+      RejectedMessageIsPrintable(SafetensorsBytes("{\"t\":\x1B[2J}", ""), "model.safetensors");
+  EXPECT_THAT(message, HasSubstr("\"\\x1b[2J}\""));
+  // At the end of the header there is nothing to quote.
+  message = RejectedMessageIsPrintable(SafetensorsBytes("{\"t\":", ""), "model.safetensors");
+  EXPECT_THAT(message, HasSubstr("at the end of the header"));
+}
+
+TEST(SafetensorsReaderTest, NamesInMessagesAreEscaped) {
+  // A tensor name and a dtype with control characters (JSON escapes), and a file name that is not
+  // UTF-8 at all.
+  std::string message = RejectedMessageIsPrintable(
+      SafetensorsBytes(R"({"w\u001b[31m\n":{"dtype":"X\u0007","shape":[1],"data_offsets":[0,1]}})",
+                       "a"),
+      "dir/bad\xFFname.safetensors");
+  EXPECT_THAT(message, HasSubstr("file 'dir/bad\\xffname.safetensors'"));
+  EXPECT_THAT(message, HasSubstr("tensor 'w\\x1b[31m\\n'"));
+  EXPECT_THAT(message, HasSubstr("unsupported dtype \"X\\x07\""));
+  // Non-ASCII names stay readable.
+  message = RejectedMessageIsPrintable(
+      SafetensorsBytes(R"({"\u6a21\u578b":{"dtype":"U8","shape":[2],"data_offsets":[0,1]}})", "a"),
+      "model.safetensors");
+  EXPECT_THAT(message, HasSubstr("tensor '\xE6\xA8\xA1\xE5\x9E\x8B'"));
+  message = RejectedMessageIsPrintable(
+      SafetensorsBytes(R"({"__metadata__":{"k\u0000":"v","k\u0000":"w"}})", ""), "m.safetensors");
+  EXPECT_THAT(message, HasSubstr("the key \"k\\x00\" twice"));
 }
 
 TEST(SafetensorsReaderTest, DuplicateTensorNamesAreRejected) {
@@ -198,7 +279,9 @@ TEST(SafetensorsReaderTest, EntryMustBeAnObjectWithDTypeShapeAndOffsets) {
 }
 
 TEST(SafetensorsReaderTest, UnknownDTypesAreRejectedByName) {
-  for (const char* dtype : {"F8_E8M0", "F4", "F6_E2M3", "C128", "f32", "float32"}) {
+  // Every dtype the reference knows and ferry does not (docs/files.md lists them), then others.
+  for (const char* dtype : {"F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F4", "F6_E2M3", "F6_E3M2",
+                            "C128", "f32", "float32"}) {
     ExpectRejected(
         OneTensor(std::string(R"({"dtype":")") + dtype + R"(","shape":[1],"data_offsets":[0,1]})",
                   "a"),
@@ -275,6 +358,24 @@ TEST(SafetensorsReaderTest, ShapeWhoseByteSizeOverflowsIsRejected) {
   ExpectRejected(
       OneTensor(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,0]})", ""),
       {"overflows"});
+}
+
+TEST(SafetensorsReaderTest, EmptyShapeIsRejectedWhenItsOtherDimsWouldBeTooBigForNumpy) {
+  // The reference multiplies [0, 2^62] to 0 and accepts it; numpy cannot make such an array of
+  // 4-byte elements (2^64 bytes), and ferry follows numpy in every format.
+  ExpectRejected(
+      OneTensor(R"({"dtype":"F32","shape":[0,4611686018427387904],"data_offsets":[0,0]})", ""),
+      {"tensor 't'", "byte size of shape [0, 4611686018427387904] of F32 overflows",
+       "even with its zero dims left out", "array is too big"});
+  ExpectRejected(
+      OneTensor(R"({"dtype":"U8","shape":[3,4611686018427387904,0],"data_offsets":[0,0]})", ""),
+      {"array is too big"});
+  // 2^62 one-byte elements fit, as they do in numpy.
+  auto parsed = ParseBytes(
+      OneTensor(R"({"dtype":"U8","shape":[0,4611686018427387904],"data_offsets":[0,0]})", ""));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->tensors()[0].source->view().dims, Dims({0, int64_t{1} << 62}));
+  EXPECT_EQ(parsed->tensors()[0].source->view().byte_strides, Dims({int64_t{1} << 62, 1}));
 }
 
 TEST(SafetensorsReaderTest, TrailingBytesAfterTheLastTensorAreRejected) {

@@ -2,6 +2,8 @@
 safetensors library, bit for bit, in both directions; errors; the lifetime of zero-copy arrays."""
 
 import gc
+import io
+import json
 import os
 import re
 
@@ -383,6 +385,141 @@ def test_malformed_files_raise_errors_naming_the_file(rng, tmp_path):
 
     with pytest.raises(ferry.NotFoundError, match="missing.safetensors"):
         ferry.load_file(tmp_path / "missing.safetensors")
+
+
+def safetensors_bytes(header, data=b""):
+    """A safetensors file with `header` (bytes, not checked here) and `data`."""
+    return len(header).to_bytes(8, "little") + header + data
+
+
+def reference_reads(contents):
+    """Whether the real safetensors (its Rust reader, without numpy's limits) accepts the file."""
+    try:
+        safetensors.deserialize(contents)
+        return True
+    except Exception:  # noqa: BLE001 - the reference raises a SafetensorError of its own
+        return False
+
+
+def numpy_reads(contents):
+    try:
+        np.load(io.BytesIO(contents))
+        return True
+    except ValueError:
+        return False
+
+
+def test_json_error_at_a_non_ascii_character_is_a_ferry_error_quoting_whole_characters(tmp_path):
+    # The parser stops at the first byte of 'é'; the message used to quote that byte alone, which
+    # Python could not decode (UnicodeDecodeError instead of ferry.Error).
+    path = write_bytes(tmp_path / "bad.safetensors", safetensors_bytes('{"t": é}'.encode()))
+    with pytest.raises(ferry.InvalidArgumentError) as error:
+        ferry.open_file(path)
+    assert 'not valid JSON' in str(error.value)
+    assert 'at header byte 6: "é}"' in str(error.value)
+    path = write_bytes(tmp_path / "emoji.safetensors",
+                       safetensors_bytes('{"a":1,"t":[1,\U0001F600]}'.encode()))
+    with pytest.raises(ferry.InvalidArgumentError, match=re.escape('"\U0001F600]}"')):
+        ferry.open_file(path)
+
+
+def test_names_from_a_file_are_quoted_escaped_in_errors(tmp_path):
+    header = json.dumps({"w\x1b[31m\n": {"dtype": "X\x07", "shape": [1], "data_offsets": [0, 1]}})
+    path = write_bytes(tmp_path / "names.safetensors", safetensors_bytes(header.encode(), b"a"))
+    with pytest.raises(ferry.InvalidArgumentError) as error:
+        ferry.open_file(path)
+    message = str(error.value)
+    assert "tensor 'w\\x1b[31m\\n'" in message
+    assert 'unsupported dtype "X\\x07"' in message
+    assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in message)
+
+
+def test_byte_order_mark_before_the_json_is_refused_as_the_reference_does(tmp_path):
+    header = b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
+    contents = safetensors_bytes(b"\xef\xbb\xbf" + header, b"a")
+    assert reference_reads(safetensors_bytes(header, b"a"))
+    assert not reference_reads(contents)
+    path = write_bytes(tmp_path / "bom.safetensors", contents)
+    with pytest.raises(ferry.InvalidArgumentError, match="byte-order mark"):
+        ferry.open_file(path)
+
+
+@pytest.mark.parametrize("levels", [127, 128])
+def test_json_nesting_is_limited_where_the_reference_limits_it(tmp_path, levels):
+    inner = levels - 2  # the outer object and the entry are two levels
+    header = ('{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"x":' + "[" * inner +
+              "]" * inner + "}}").encode()
+    contents = safetensors_bytes(header, b"a")
+    path = write_bytes(tmp_path / "deep.safetensors", contents)
+    if reference_reads(contents):
+        assert levels == 127
+        assert_same_bits(ferry.load_file(path)["t"], np.frombuffer(b"a", np.uint8))
+    else:
+        assert levels == 128
+        with pytest.raises(ferry.InvalidArgumentError, match="nests deeper than 127 levels"):
+            ferry.open_file(path)
+
+
+@pytest.mark.parametrize("descr,shape", [
+    ("<f4", (0, 2**62)), ("<f8", (2**60, 0)), ("|u1", (3, 0, 2**62)),  # numpy: "array is too big"
+    ("|u1", (0, 2**62)), ("<f8", (0, 2**59)),                           # numpy makes these
+])
+def test_empty_npy_with_huge_dims_follows_numpy(tmp_path, descr, shape):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    contents = npy_bytes(header, b"")
+    path = write_bytes(tmp_path / "empty.npy", contents)
+    if numpy_reads(contents):
+        assert ferry.load_file(path)["empty"].shape == shape
+    else:
+        with pytest.raises(ferry.InvalidArgumentError, match="array is too big"):
+            ferry.open_file(path)
+    # safetensors: the reference accepts every empty shape; ferry follows numpy there too.
+    names = {"<f4": "F32", "<f8": "F64", "|u1": "U8"}
+    entry = {"dtype": names[descr], "shape": list(shape), "data_offsets": [0, 0]}
+    path = write_bytes(tmp_path / "empty.safetensors",
+                       safetensors_bytes(json.dumps({"t": entry}).encode()))
+    if numpy_reads(contents):
+        assert ferry.load_file(path)["t"].shape == shape
+    else:
+        with pytest.raises(ferry.InvalidArgumentError, match="array is too big"):
+            ferry.open_file(path)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_python2_long_suffixes_in_npy_headers_are_read_as_numpy_reads_them(rng, tmp_path, version):
+    want = random_array(rng, np.uint32, (3, 6))
+    header = "{'descr': '<u4', 'fortran_order': False, 'shape': (3L, 6L), }".encode("latin1")
+    prefix = 10 if version == 1 else 12
+    header += b" " * ((-(prefix + len(header) + 1)) % 64) + b"\n"
+    contents = (b"\x93NUMPY" + bytes([version, 0]) +
+                len(header).to_bytes(2 if version == 1 else 4, "little") + header + want.tobytes())
+    path = write_bytes(tmp_path / "old.npy", contents)
+    if version < 3:
+        with pytest.warns(UserWarning, match="Python 2"):
+            assert_same_bits(np.load(path), want)
+        assert_same_bits(ferry.load_file(path)["old"], want)
+    else:
+        assert not numpy_reads(contents)
+        with pytest.raises(ferry.InvalidArgumentError, match="version 1.0 and 2.0 headers only"):
+            ferry.open_file(path)
+
+
+# Every dtype the reference reads and ferry does not (docs/files.md names each), with a shape
+# whose bits fill the one data byte.
+REFERENCE_ONLY_DTYPES = {"F8_E8M0": [1], "F8_E4M3FNUZ": [1], "F8_E5M2FNUZ": [1], "F4": [2],
+                         "F6_E2M3": [4], "F6_E3M2": [4]}
+
+
+@pytest.mark.parametrize("dtype", sorted(REFERENCE_ONLY_DTYPES))
+def test_dtypes_only_the_reference_reads_are_refused_by_name(tmp_path, dtype):
+    shape = REFERENCE_ONLY_DTYPES[dtype]
+    data = b"abc"[: 3 if dtype.startswith("F6") else 1]
+    entry = {"dtype": dtype, "shape": shape, "data_offsets": [0, len(data)]}
+    contents = safetensors_bytes(json.dumps({"t": entry}).encode(), data)
+    assert reference_reads(contents)
+    path = write_bytes(tmp_path / "x.safetensors", contents)
+    with pytest.raises(ferry.InvalidArgumentError, match=f'unsupported dtype "{dtype}"'):
+        ferry.open_file(path)
 
 
 def test_save_file_refuses_what_a_format_cannot_hold(rng, tmp_path):
