@@ -43,8 +43,10 @@ std::vector<DType> DeviceCapabilities::HeldDTypes() const {
 }
 
 StatusOr<HostView> Buffer::HostAccessibleView() const {
+  // Names nothing reached through device(): the buffer may have outlived its client.
   return UnimplementedError(
-      fmt::format("HostAccessibleView is not supported on {}", device()->client()->backend()));
+      "HostAccessibleView is not supported on this backend (its device memory is not host "
+      "memory)");
 }
 
 Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst) {
@@ -54,6 +56,10 @@ Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const Mutabl
                     fmt::join(dst.dims, ","), fmt::join(buffer_dims, ",")));
   }
   FERRY_RETURN_IF_ERROR(dst.ComputeAddressedBytes("destination").status());
+  if (dst.data == nullptr && dst.num_elements() > 0) {
+    return InvalidArgumentError(
+        fmt::format("ToHost: null destination pointer for {} elements", dst.num_elements()));
+  }
   return CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, buffer_dims), dst).status();
 }
 
@@ -77,7 +83,13 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
     return Status(convertible.code(),
                   fmt::format("tensor '{}': {}", tensor_name, std::string(convertible.message())));
   }
-  return src.ComputeAddressedBytes(tensor_name).status();
+  FERRY_RETURN_IF_ERROR(src.ComputeAddressedBytes(tensor_name).status());
+  if (src.data == nullptr && src.num_elements() > 0) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': null data pointer for {} elements", tensor_name,
+                    src.num_elements()));
+  }
+  return OkStatus();
 }
 
 }  // namespace ferry

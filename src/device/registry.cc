@@ -3,20 +3,23 @@
 #include <map>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/mutex.h"
 
 namespace ferry {
 
 // Each built-in backend's tiny registration file defines one of these.
 void RegisterHostBackend();
 void RegisterOpenClBackend();
+void RegisterPjrtBackend();
 
 namespace {
 
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, ClientFactory, std::less<>> factories;
+  Mutex mutex;
+  std::map<std::string, ClientFactory, std::less<>> factories ABSL_GUARDED_BY(mutex);
 };
 
 Registry& GetRegistry() {
@@ -29,6 +32,7 @@ void RegisterBuiltinBackends() {
   std::call_once(once, [] {
     RegisterHostBackend();
     RegisterOpenClBackend();
+    RegisterPjrtBackend();
   });
 }
 
@@ -36,14 +40,14 @@ void RegisterBuiltinBackends() {
 
 void RegisterBackend(std::string backend, ClientFactory factory) {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   registry.factories[std::move(backend)] = std::move(factory);
 }
 
 std::vector<std::string> RegisteredBackends() {
   RegisterBuiltinBackends();
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   std::vector<std::string> names;
   for (const auto& [name, factory] : registry.factories) names.push_back(name);
   return names;
@@ -55,7 +59,7 @@ StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
   ClientFactory factory;
   {
     Registry& registry = GetRegistry();
-    std::lock_guard<std::mutex> lock(registry.mutex);
+    MutexLock lock(registry.mutex);
     auto it = registry.factories.find(backend);
     if (it == registry.factories.end()) {
       std::vector<std::string> names;

@@ -28,8 +28,10 @@ enum class HostBufferSemantics {
   // which runs exactly once, on a runtime thread, after the last byte was read.
   kImmutableUntilTransferCompletes,
   // The buffer may alias the source for its whole life (host device, same dtype, dense,
-  // 64-byte aligned); then `on_done` runs when the buffer is destroyed. Where aliasing is
-  // impossible this behaves as kImmutableUntilTransferCompletes and counts ZeroCopyFallbacks.
+  // 64-byte aligned); then `on_done` runs once the buffer is destroyed and no read of it
+  // (ToHost) is still running: on the thread that destroys the buffer, or on the runtime thread
+  // that finishes the last such read. Where aliasing is impossible this behaves as
+  // kImmutableUntilTransferCompletes and counts ZeroCopyFallbacks.
   kImmutableZeroCopy,
 };
 
@@ -46,7 +48,11 @@ struct DeviceCapabilities {
   // The largest single buffer; nullopt means no limit beyond memory_limit_bytes.
   std::optional<int64_t> max_buffer_bytes = std::nullopt;
 
-  bool Holds(DType dtype) const { return dtypes.test(static_cast<size_t>(dtype)); }
+  // False for a value outside the enum (never an exception).
+  bool Holds(DType dtype) const {
+    const auto index = static_cast<size_t>(dtype);
+    return index < dtypes.size() && dtypes.test(index);
+  }
   // Every dtype.
   static DeviceCapabilities All();
   // Every dtype except f64 and c128 (like a TPU).
@@ -68,6 +74,9 @@ class Device {
   virtual const DeviceCapabilities& capabilities() const = 0;
   // Bytes currently held by this device's buffers (aliases excluded).
   virtual int64_t bytes_in_use() const = 0;
+  // What the device is, in one line for people ("cpu (PJRT plugin xla_cpu_pjrt.so, API 0.81)");
+  // empty where the name says it all.
+  virtual std::string description() const { return std::string(); }
 };
 
 }  // namespace ferry

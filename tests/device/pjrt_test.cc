@@ -1,0 +1,206 @@
+// The pjrt backend beyond the shared conformance suite: the inputs that crash the XLA CPU plugins
+// when they reach them unchecked (REFERENCE.md lists them) must come back as errors; plugin
+// discovery must say what it tried; and transfers larger than one staging chunk must match the
+// host backend byte for byte on both the direct and the plugin's own paths.
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
+#include "ferry/device/registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A pjrt client, or a skip with the reason (no plugin installed, or ferry built without the
+// header).
+#define PJRT_CLIENT_OR_SKIP(var, options)                                    \
+  auto var##_or = CreateClient("pjrt", options);                             \
+  if (absl::IsUnavailable(var##_or.status())) {                              \
+    GTEST_SKIP() << "no pjrt backend here: " << var##_or.status().message(); \
+  }                                                                          \
+  ASSERT_TRUE(var##_or.ok()) << var##_or.status();                           \
+  std::unique_ptr<Client> var = std::move(var##_or).value()
+
+std::vector<std::byte> RandomBytes(std::mt19937_64& rng, int64_t size) {
+  std::vector<std::byte> bytes(static_cast<size_t>(size));
+  for (auto& byte : bytes) byte = static_cast<std::byte>(rng());
+  return bytes;
+}
+
+TEST(PjrtTest, DevicesDescribeThePluginAndItsPlatform) {
+  PJRT_CLIENT_OR_SKIP(client, ClientOptions{});
+  EXPECT_EQ(client->backend(), "pjrt");
+  ASSERT_FALSE(client->devices().empty());
+  const std::string description = client->devices()[0]->description();
+  EXPECT_THAT(description, HasSubstr("cpu"));
+  EXPECT_THAT(description, HasSubstr("API 0."));
+  EXPECT_THAT(description, HasSubstr("pinned_host"));
+}
+
+TEST(PjrtTest, DeviceCountIsAPluginOption) {
+  PJRT_CLIENT_OR_SKIP(two, (ClientOptions{.plugin_options = {{"cpu_device_count", int64_t{2}}}}));
+  EXPECT_EQ(two->devices().size(), 2u);
+  EXPECT_EQ(two->devices()[1]->name(), "pjrt:1");
+  PJRT_CLIENT_OR_SKIP(three, ClientOptions{.num_devices = 3});
+  EXPECT_EQ(three->devices().size(), 3u);
+}
+
+// The plugins abort on a negative or non-integer cpu_device_count: ferry refuses it first.
+TEST(PjrtTest, BadDeviceCountOptionIsRefusedBeforeThePluginSeesIt) {
+  PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});
+  for (const ClientOptions::PluginOptionValue& value :
+       {ClientOptions::PluginOptionValue{int64_t{-1}}, ClientOptions::PluginOptionValue{0.5},
+        ClientOptions::PluginOptionValue{std::string("4")}}) {
+    auto client =
+        CreateClient("pjrt", ClientOptions{.plugin_options = {{"cpu_device_count", value}}});
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument) << client.status();
+    EXPECT_THAT(std::string(client.status().message()), HasSubstr("cpu_device_count"));
+  }
+}
+
+TEST(PjrtTest, MissingPluginIsUnavailableAndSaysWhereItLooked) {
+  auto by_path = CreateClient("pjrt", ClientOptions{.pjrt_plugin = "/nonexistent/plugin.so"});
+  EXPECT_EQ(by_path.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(by_path.status().message()), HasSubstr("/nonexistent/plugin.so"));
+  auto by_package = CreateClient("pjrt", ClientOptions{.pjrt_plugin = "no_such_plugin_package"});
+  EXPECT_EQ(by_package.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(by_package.status().message()), HasSubstr("no_such_plugin_package"));
+}
+
+TEST(PjrtTest, ALibraryWithoutGetPjrtApiIsNotAPlugin) {
+  // libz is certainly loadable and certainly not a PJRT plugin.
+  for (const char* path :
+       {"/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1"}) {
+    if (std::FILE* file = std::fopen(path, "rb"); file != nullptr) {
+      std::fclose(file);
+      auto client = CreateClient("pjrt", ClientOptions{.pjrt_plugin = path});
+      EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+      EXPECT_THAT(std::string(client.status().message()), HasSubstr("GetPjrtApi"));
+      return;
+    }
+  }
+  GTEST_SKIP() << "no libz.so.1 to try";
+}
+
+// Each case is a shape of input that crashes the CPU plugin when it reaches it (REFERENCE.md):
+// through ferry's API it is an error with a message, for both path choices.
+TEST(PjrtTest, InputsThatCrashThePluginAreErrors) {
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
+    PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = direct});
+    Device* device = client->devices()[0];
+    alignas(64) float data[16] = {};
+    struct Case {
+      const char* name;
+      HostView view;
+      DType device_dtype;
+      Device* device;
+    };
+    PJRT_CLIENT_OR_SKIP(other, ClientOptions{});
+    const std::vector<Case> cases = {
+        {"null data with elements", HostView(nullptr, DType::kF32, {4}, {4}), DType::kF32, device},
+        {"negative dim", HostView(data, DType::kF32, {-4}, {4}), DType::kF32, device},
+        {"strides count differs from dims", HostView(data, DType::kF32, {2, 2}, {4}), DType::kF32,
+         device},
+        {"element type out of range", HostView(data, static_cast<DType>(200), {4}, {4}),
+         DType::kF32, device},
+        {"device type out of range", HostView(data, DType::kF32, {4}, {4}), static_cast<DType>(200),
+         device},
+        {"no device", HostView(data, DType::kF32, {4}, {4}), DType::kF32, nullptr},
+        {"another client's device", HostView(data, DType::kF32, {4}, {4}), DType::kF32,
+         other->devices()[0]},
+        {"dims whose size overflows", HostView(data, DType::kF32, {int64_t{1} << 62, 8}, {0, 0}),
+         DType::kF32, device},
+    };
+    for (const Case& test_case : cases) {
+      SCOPED_TRACE(test_case.name);
+      auto buffer = client->BufferFromHostBuffer(
+          test_case.view, test_case.device_dtype, test_case.device,
+          HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "bad");
+      EXPECT_FALSE(buffer.ok());
+      EXPECT_FALSE(buffer.status().message().empty());
+    }
+    // Strides that are not a whole number of elements are legal in ferry, and the plugin would
+    // read them wrongly (unchecked): they must arrive exactly.
+    alignas(64) std::byte bytes[64];
+    for (int i = 0; i < 64; ++i) bytes[i] = static_cast<std::byte>(i);
+    HostView odd(bytes + 1, DType::kF32, {5}, {9});
+    auto buffer = client->BufferFromHostBuffer(
+        odd, DType::kF32, device, HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "odd");
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    std::vector<std::byte> back(20);
+    ASSERT_TRUE(
+        (*buffer)->ToHost(MutableHostView::Dense(back.data(), DType::kF32, {5})).Await().ok());
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(std::memcmp(back.data() + 4 * i, bytes + 1 + 9 * i, 4), 0) << "element " << i;
+    }
+    // A read with the wrong dims or into a null destination is refused, not passed on.
+    std::vector<std::byte> small(8);
+    EXPECT_FALSE(
+        (*buffer)->ToHost(MutableHostView::Dense(small.data(), DType::kF32, {2})).Await().ok());
+    EXPECT_FALSE((*buffer)->ToHost(MutableHostView(nullptr, DType::kF32, {5}, {4})).Await().ok());
+  }
+}
+
+// Several staging chunks (8 MiB each) each way, converting and transposed, on both paths, checked
+// against the host backend (the oracle) byte for byte.
+TEST(PjrtTest, MultiChunkTransfersMatchTheHostBackend) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  auto host_or = CreateClient("host");
+  ASSERT_TRUE(host_or.ok());
+  std::unique_ptr<Client> host = std::move(host_or).value();
+  const int64_t rows = 2048 + static_cast<int64_t>(rng() % 64);
+  const int64_t cols = 1536 + static_cast<int64_t>(rng() % 64);
+  std::vector<std::byte> source = RandomBytes(rng, rows * cols * 8);
+  // A float64 matrix seen transposed: 8 MiB chunks hold fewer elements than it has.
+  const HostView transposed(source.data(), DType::kF64, {cols, rows}, {8, cols * 8});
+  for (bool direct : {true, false}) {
+    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
+    PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = direct});
+    for (DType device_dtype : {DType::kF64, DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(DTypeName(device_dtype));
+      for (HostBufferSemantics semantics :
+           {HostBufferSemantics::kImmutableOnlyDuringCall,
+            HostBufferSemantics::kImmutableUntilTransferCompletes}) {
+        auto expected = host->BufferFromHostBuffer(transposed, device_dtype, host->devices()[0],
+                                                   semantics, nullptr, "w");
+        auto actual = client->BufferFromHostBuffer(transposed, device_dtype, client->devices()[0],
+                                                   semantics, nullptr, "w");
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        ASSERT_TRUE(actual.ok()) << actual.status();
+        const int64_t device_bytes = rows * cols * DTypeSize(device_dtype);
+        std::vector<std::byte> want(device_bytes), got(device_bytes, std::byte{0x5a});
+        ASSERT_TRUE((*expected)
+                        ->ToHost(MutableHostView::Dense(want.data(), device_dtype, {cols, rows}))
+                        .Await()
+                        .ok());
+        ASSERT_TRUE((*actual)
+                        ->ToHost(MutableHostView::Dense(got.data(), device_dtype, {cols, rows}))
+                        .Await()
+                        .ok());
+        EXPECT_TRUE(want == got) << "device bytes differ";
+        // Read back converted to float64 into a transposed destination (partial reads into
+        // staging on the plugin path).
+        std::vector<std::byte> want_back(rows * cols * 8), got_back(rows * cols * 8);
+        const MutableHostView want_view(want_back.data(), DType::kF64, {cols, rows}, {8, cols * 8});
+        const MutableHostView got_view(got_back.data(), DType::kF64, {cols, rows}, {8, cols * 8});
+        ASSERT_TRUE((*expected)->ToHost(want_view).Await().ok());
+        ASSERT_TRUE((*actual)->ToHost(got_view).Await().ok());
+        EXPECT_TRUE(want_back == got_back) << "read back differs";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry
