@@ -16,10 +16,42 @@ int ReportError(std::string_view command, const Status& status) {
   return kExitBadInput;
 }
 
+ClientOptions& CommandClientOptions() {
+  static ClientOptions* options = new ClientOptions();
+  return *options;
+}
+
+Status AddPluginOption(std::string_view name_equals_value) {
+  const size_t equals = name_equals_value.find('=');
+  if (equals == std::string_view::npos || equals == 0) {
+    return InvalidArgumentError(fmt::format(
+        "--plugin-option '{}' is not NAME=VALUE (e.g. cpu_device_count=4)", name_equals_value));
+  }
+  const std::string name(name_equals_value.substr(0, equals));
+  const std::string text(name_equals_value.substr(equals + 1));
+  ClientOptions::PluginOptionValue value = text;
+  int64_t integer = 0;
+  double real = 0;
+  if (auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), integer);
+      error == std::errc() && end == text.data() + text.size() && !text.empty()) {
+    value = integer;
+  } else if (text == "true" || text == "false") {
+    value = text == "true";
+  } else if (auto [real_end, real_error] =
+                 std::from_chars(text.data(), text.data() + text.size(), real);
+             real_error == std::errc() && real_end == text.data() + text.size() &&
+             text.find('.') != std::string::npos) {
+    value = real;
+  }
+  CommandClientOptions().plugin_options[name] = std::move(value);
+  return OkStatus();
+}
+
 StatusOr<Client*> DeviceSet::GetClient(const std::string& backend) {
   auto it = clients_.find(backend);
   if (it == clients_.end()) {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, CreateClient(backend));
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                           CreateClient(backend, CommandClientOptions()));
     it = clients_.emplace(backend, std::move(client)).first;
   }
   return it->second.get();

@@ -11,6 +11,7 @@
 
 #include "ferry/core/status.h"
 #include "ferry/device/client.h"
+#include "ferry/device/registry.h"
 
 namespace ferry::cli {
 
@@ -21,6 +22,13 @@ inline constexpr int kExitUsage = 2;
 
 // Prints "ferry <command>: error: <message>" on stderr; returns kExitBadInput.
 int ReportError(std::string_view command, const Status& status);
+
+// The options of every client a command creates: set from the global flags --pjrt-plugin and
+// --plugin-option before the command runs. Not thread-safe (set once in main).
+ClientOptions& CommandClientOptions();
+// Adds one "--plugin-option NAME=VALUE" to CommandClientOptions(): VALUE is an integer, a float
+// (with a '.'), true/false, or else a string. InvalidArgument without '=' or with an empty NAME.
+Status AddPluginOption(std::string_view name_equals_value);
 
 // Clients created on demand, one per backend, owned here for the life of the command.
 class DeviceSet {

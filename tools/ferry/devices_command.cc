@@ -16,7 +16,7 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
     (void)command;
     fmt::print("{:<10} {:<8} {:>12}  {}\n", "device", "backend", "memory", "dtypes");
     for (const std::string& backend : RegisteredBackends()) {
-      auto client = CreateClient(backend);
+      auto client = CreateClient(backend, CommandClientOptions());
       if (!client.ok()) {
         fmt::print("{:<10} {:<8} {:>12}  unavailable: {}\n", "-", backend, "-",
                    std::string(client.status().message()));
@@ -29,6 +29,9 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
         fmt::print("{:<10} {:<8} {:>12}  {}\n", device->name(), backend,
                    limit ? FormatBytes(static_cast<double>(*limit)) : "host RAM",
                    fmt::join(dtypes, " "));
+        if (const std::string description = device->description(); !description.empty()) {
+          fmt::print("{:<10} {}\n", "", description);
+        }
       }
     }
     return kExitOk;

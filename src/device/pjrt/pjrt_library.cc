@@ -220,6 +220,10 @@ std::vector<std::string> PythonPackageSearchPath() {
       }
     }
   }
+#ifdef FERRY_PJRT_BUILD_SITE_PACKAGES
+  // The packages of the Python environment this ferry was built with (where its header came from).
+  add_list(FERRY_PJRT_BUILD_SITE_PACKAGES);
+#endif
   return roots;
 }
 

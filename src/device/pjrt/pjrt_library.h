@@ -45,7 +45,7 @@ StatusOr<const PjrtLibrary*> LoadPjrtLibrary(const std::string& path);
 
 // The folders where installed Python packages live, in search order: FERRY_PJRT_SEARCH_PATH (a
 // ':'-separated list; the Python package sets it from sys.path), then PYTHONPATH, then
-// $VIRTUAL_ENV/lib/python3.*/site-packages.
+// $VIRTUAL_ENV/lib/python3.*/site-packages, then the site-packages this ferry was built against.
 std::vector<std::string> PythonPackageSearchPath();
 
 // The plugin file ferry uses for `requested`:
