@@ -21,7 +21,7 @@ void ClientLifetime::Token::Release() {
 StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
     const std::shared_ptr<ClientLifetime>& lifetime, std::string_view what) {
   {
-    std::lock_guard<std::mutex> lock(lifetime->mutex_);
+    MutexLock lock(lifetime->mutex_);
     if (lifetime->closed_) {
       return FailedPreconditionError(
           fmt::format("{}: the {} client has been shut down", what, lifetime->backend_));
@@ -32,24 +32,24 @@ StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
 }
 
 bool ClientLifetime::closed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return closed_;
 }
 
 void ClientLifetime::Close() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   closed_ = true;
 }
 
 void ClientLifetime::WaitUntilIdle() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return in_flight_ == 0; });
+  MutexLock lock(mutex_);
+  while (in_flight_ != 0) lock.Wait(idle_);
 }
 
 void ClientLifetime::End() {
   // Notified under the lock: the waiter cannot return (and destroy the client) before this
   // thread has let go of the mutex; the lifetime itself is kept alive by the caller's reference.
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (--in_flight_ == 0) idle_.notify_all();
 }
 

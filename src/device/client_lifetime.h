@@ -9,12 +9,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "ferry/core/status.h"
+#include "src/core/mutex.h"
 
 namespace ferry {
 
@@ -51,7 +51,7 @@ class ClientLifetime {
   void End();
 
   const std::string backend_;
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   std::condition_variable idle_;
   bool closed_ ABSL_GUARDED_BY(mutex_) = false;
   int64_t in_flight_ ABSL_GUARDED_BY(mutex_) = 0;

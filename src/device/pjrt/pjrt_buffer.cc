@@ -8,6 +8,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
+#include "src/device/piece_counter.h"
 #include "src/device/pjrt/pjrt_client.h"
 
 namespace ferry::pjrt {
@@ -16,44 +17,6 @@ namespace {
 constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
 // Partial reads in flight at once (of the client's StagingPool::kDefaultChunks).
 constexpr int kReadWindow = 2;
-
-class ReadCounter {
- public:
-  ReadCounter(Promise<> done, ClientLifetime::Token token)
-      : done_(std::move(done)), token_(std::move(token)) {}
-  void Add() { pending_.fetch_add(1, std::memory_order_relaxed); }
-  void Done(Status status) {
-    if (!status.ok()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (first_error_.ok()) first_error_ = std::move(status);
-    }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    Status result;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      result = first_error_;
-    }
-    done_.Set(std::move(result));
-    token_.Release();
-  }
-
- private:
-  Promise<> done_;
-  ClientLifetime::Token token_;
-  std::atomic<int64_t> pending_{1};
-  std::mutex mutex_;
-  Status first_error_;
-};
-
-}  // namespace
-
-PjrtBufferHandle::~PjrtBufferHandle() {
-  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-  args.buffer = buffer_;
-  runtime_->Check(runtime_->api().PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy").IgnoreError();
-}
-
-namespace {
 
 int64_t DenseBytes(const PjrtBufferParts& parts) {
   int64_t count = 1;
@@ -72,6 +35,13 @@ PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts)
 }
 
 }  // namespace
+
+PjrtBufferHandle::~PjrtBufferHandle() {
+  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = buffer_;
+  runtime_->Check(runtime_->api().PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy")
+      .IgnoreError();
+}
 
 PjrtBuffer::PjrtBuffer(PjrtDevice* device, PjrtBufferParts parts)
     : device_(device), source_(MakeReadSource(device, std::move(parts))) {}
@@ -176,7 +146,11 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
           "the plugin lacks; read it densely in {}",
           device_name_, DTypeName(device_dtype)));
     }
-    auto counter = std::make_shared<ReadCounter>(done, std::move(token));
+    auto counter =
+        std::make_shared<PieceCounter>([done, token = std::move(token)](Status status) mutable {
+          done.Set(std::move(status));
+          token.Release();
+        });
     auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
     args.src = handle->get();
     args.dst = dst.data;

@@ -10,6 +10,7 @@
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/device/piece_counter.h"
 #include "src/device/pjrt/pjrt_buffer.h"
 
 namespace ferry::pjrt {
@@ -86,32 +87,6 @@ bool PluginCanReadStrides(const HostView& src) {
   }
   return true;
 }
-
-// One staged transfer's pieces (its chunks) and what runs once the last is done.
-class PieceCounter {
- public:
-  explicit PieceCounter(absl::AnyInvocable<void(Status) &&> finish) : finish_(std::move(finish)) {}
-  void Add() { pending_.fetch_add(1, std::memory_order_relaxed); }
-  void Done(Status status) {
-    if (!status.ok()) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (first_error_.ok()) first_error_ = std::move(status);
-    }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    Status result;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      result = first_error_;
-    }
-    std::move(finish_)(std::move(result));
-  }
-
- private:
-  absl::AnyInvocable<void(Status) &&> finish_;
-  std::atomic<int64_t> pending_{1};
-  std::mutex mutex_;
-  Status first_error_;
-};
 
 }  // namespace
 
@@ -190,7 +165,7 @@ StagingPool::StagingPool(int num_chunks, int64_t chunk_bytes) : chunk_bytes_(chu
     if (chunk == nullptr) break;
     chunks_.push_back(chunk);
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   free_ = chunks_;
 }
 
@@ -199,8 +174,8 @@ StagingPool::~StagingPool() {
 }
 
 std::byte* StagingPool::Acquire() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  chunk_free_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) { return !free_.empty(); });
+  MutexLock lock(mutex_);
+  while (free_.empty()) lock.Wait(chunk_free_);
   std::byte* chunk = free_.back();
   free_.pop_back();
   return chunk;
@@ -208,7 +183,7 @@ std::byte* StagingPool::Acquire() {
 
 void StagingPool::Release(std::byte* chunk) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     free_.push_back(chunk);
   }
   chunk_free_.notify_one();
@@ -220,7 +195,7 @@ StagingWorker::~StagingWorker() { Shutdown(); }
 
 Status StagingWorker::Submit(Job job) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return FailedPreconditionError("the pjrt client is shutting down");
     jobs_.push_back(std::move(job));
   }
@@ -231,7 +206,7 @@ Status StagingWorker::Submit(Job job) {
 void StagingWorker::Shutdown() {
   std::deque<Job> cancelled;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     cancelled.swap(jobs_);
   }
@@ -244,10 +219,8 @@ void StagingWorker::Loop() {
   while (true) {
     Job job;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      job_available_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-        return stopping_ || !jobs_.empty();
-      });
+      MutexLock lock(mutex_);
+      while (!stopping_ && jobs_.empty()) lock.Wait(job_available_);
       if (jobs_.empty()) return;
       job = std::move(jobs_.front());
       jobs_.pop_front();

@@ -36,6 +36,7 @@
 #include "ferry/device/client.h"
 #include "ferry/device/memory_account.h"
 #include "ferry/device/registry.h"
+#include "src/core/mutex.h"
 #include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 
@@ -118,7 +119,7 @@ class StagingPool {
  private:
   const int64_t chunk_bytes_;
   std::vector<std::byte*> chunks_;
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable chunk_free_;
   std::vector<std::byte*> free_ ABSL_GUARDED_BY(mutex_);
 };
@@ -139,7 +140,7 @@ class StagingWorker {
  private:
   void Loop();
 
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable job_available_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(mutex_);
   bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
