@@ -18,6 +18,16 @@ run_ctest() {
 echo "=== clang-format (the repository's .clang-format) ==="
 git -C "$root" ls-files '*.cc' '*.h' | (cd "$root" && xargs clang-format --dry-run --Werror)
 
+echo "=== clang -Wthread-safety (the library, compile only) ==="
+# What each mutex guards is declared with ABSL_GUARDED_BY (src/core/mutex.h); clang checks it. A
+# Debug (-O0) build of the library alone: a minute or two, no tests run.
+if [[ ! -f build/thread-safety/build.ninja ]]; then
+  cmake -S "$root" -B build/thread-safety -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" \
+    -DFERRY_BUILD_TESTS=OFF -DFERRY_BUILD_TOOLS=OFF >/dev/null
+fi
+cmake --build build/thread-safety -j "${FERRY_JOBS:-2}" --target ferry
+
 echo "=== build (plain) ==="
 scripts/build.sh plain
 run_ctest plain

@@ -29,7 +29,7 @@ Status TransferEngine::Submit(CopyConvertPlan plan, OnComplete on_complete) {
   job->chunk_elements = chunk_elements;
   job->num_chunks = total == 0 ? 0 : (total + chunk_elements - 1) / chunk_elements;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return FailedPreconditionError("the host transfer engine has shut down");
     if (job->num_chunks > 0) queue_.push_back(job);
   }
@@ -46,34 +46,34 @@ Status TransferEngine::Submit(CopyConvertPlan plan, OnComplete on_complete) {
   return OkStatus();
 }
 
-bool TransferEngine::IsJobDone(const Job& job) {
+bool TransferEngine::IsJobDone(const Job& job) const {
   return job.finished == job.claimed && (job.claimed == job.num_chunks || job.cancelled);
 }
 
 void TransferEngine::WorkerLoop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   while (true) {
-    work_available_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) lock.Wait(work_available_);
     if (queue_.empty()) return;  // stopping, nothing left to run
     std::shared_ptr<Job> job = queue_.front();
     const int64_t chunk = job->claimed++;
     if (job->claimed == job->num_chunks) queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
 
     const int64_t begin = chunk * job->chunk_elements;
     const int64_t end = std::min(begin + job->chunk_elements, job->plan.num_elements());
     job->plan.CopyElements(begin, end);
 
-    lock.lock();
+    lock.Lock();
     ++job->finished;
     if (IsJobDone(*job)) {
       const bool cancelled = job->cancelled;
-      lock.unlock();
+      lock.Unlock();
       std::move(job->on_complete)(cancelled ? CancelledError("the client shut down before the "
                                                              "transfer finished")
                                             : OkStatus());
       job.reset();  // release the plan's memory references before taking the lock again
-      lock.lock();
+      lock.Lock();
     }
   }
 }
@@ -82,7 +82,7 @@ void TransferEngine::Shutdown() {
   std::call_once(shutdown_once_, [this] {
     std::vector<std::shared_ptr<Job>> cancelled_now;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       stopping_ = true;
       for (auto& job : queue_) {
         job->cancelled = true;

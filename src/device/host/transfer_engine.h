@@ -18,9 +18,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/status.h"
+#include "src/core/mutex.h"
 
 namespace ferry::host {
 
@@ -49,25 +51,28 @@ class TransferEngine {
   int num_workers() const { return static_cast<int>(workers_.size()); }
 
  private:
+  // The counters of a job are guarded by the engine's mutex_ (a member of another class, which
+  // the annotations cannot name here; IsJobDone, which reads them, requires it).
   struct Job {
     CopyConvertPlan plan;
     OnComplete on_complete;
     int64_t chunk_elements = 1;
     int64_t num_chunks = 0;
-    int64_t claimed = 0;   // chunks handed to workers (guarded by mutex_)
-    int64_t finished = 0;  // chunks done (guarded by mutex_)
-    bool cancelled = false;
+    int64_t claimed = 0;     // chunks handed to workers (guarded by mutex_)
+    int64_t finished = 0;    // chunks done (guarded by mutex_)
+    bool cancelled = false;  // (guarded by mutex_)
   };
 
   void WorkerLoop();
-  // With mutex_ held: true when `job` will run no more chunks and none is running.
-  static bool IsJobDone(const Job& job);
+  // True when `job` will run no more chunks and none is running.
+  bool IsJobDone(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   const int64_t chunk_bytes_;
-  std::mutex mutex_;
+  Mutex mutex_;
   std::condition_variable work_available_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  bool stopping_ = false;
+  std::deque<std::shared_ptr<Job>> queue_ ABSL_GUARDED_BY(mutex_);
+  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
+  // Started by the constructor, joined by Shutdown; never changed in between.
   std::vector<std::thread> workers_;
   std::once_flag shutdown_once_;
 };

@@ -7,7 +7,9 @@
 #include <memory>
 #include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "fmt/format.h"
+#include "src/core/mutex.h"
 
 namespace ferry::opencl {
 namespace {
@@ -53,16 +55,22 @@ StatusOr<std::unique_ptr<OpenClLibrary>> Open(const std::string& library_name) {
 
 StatusOr<const OpenClLibrary*> LoadOpenClLibrary(std::string_view library_name) {
   // Tables are never freed: callbacks running on the runtime's threads may use them until exit.
-  static std::mutex* mutex = new std::mutex();
-  static auto* cache = new std::map<std::string, StatusOr<const OpenClLibrary*>, std::less<>>();
-  std::lock_guard<std::mutex> lock(*mutex);
-  if (auto it = cache->find(library_name); it != cache->end()) return it->second;
+  struct Cache {
+    Mutex mutex;
+    std::map<std::string, StatusOr<const OpenClLibrary*>, std::less<>> libraries
+        ABSL_GUARDED_BY(mutex);
+  };
+  static auto* cache = new Cache();
+  MutexLock lock(cache->mutex);
+  if (auto it = cache->libraries.find(library_name); it != cache->libraries.end()) {
+    return it->second;
+  }
   const std::string name(library_name);
   StatusOr<std::unique_ptr<OpenClLibrary>> opened = Open(name);
   StatusOr<const OpenClLibrary*> result = opened.ok()
                                               ? StatusOr<const OpenClLibrary*>(opened->release())
                                               : StatusOr<const OpenClLibrary*>(opened.status());
-  cache->emplace(name, result);
+  cache->libraries.emplace(name, result);
   return result;
 }
 

@@ -122,13 +122,13 @@ void EventGate::Open() {
 
 void PieceCounter::Done(Status status) {
   if (!status.ok()) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (first_error_.ok()) first_error_ = std::move(status);
   }
   if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   Status result;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     result = first_error_;
   }
   {
@@ -196,10 +196,10 @@ Status StagingRing::CreateChunksLocked() {
 }
 
 StatusOr<StagingRing::Chunk*> StagingRing::Acquire() {
-  std::unique_lock<std::mutex> lock(chunks_mutex_);
+  MutexLock lock(chunks_mutex_);
   // No chunk is in flight before they exist, so no callback waits for this lock meanwhile.
   if (chunks_.empty()) FERRY_RETURN_IF_ERROR(CreateChunksLocked());
-  chunk_free_.wait(lock, [this] { return !free_chunks_.empty(); });
+  while (free_chunks_.empty()) lock.Wait(chunk_free_);
   Chunk* chunk = free_chunks_.back();
   free_chunks_.pop_back();
   return chunk;
@@ -207,7 +207,7 @@ StatusOr<StagingRing::Chunk*> StagingRing::Acquire() {
 
 void StagingRing::Release(Chunk* chunk) {
   {
-    std::lock_guard<std::mutex> lock(chunks_mutex_);
+    MutexLock lock(chunks_mutex_);
     free_chunks_.push_back(chunk);
   }
   chunk_free_.notify_one();
@@ -215,7 +215,7 @@ void StagingRing::Release(Chunk* chunk) {
 
 Status StagingRing::Submit(Job job) {
   {
-    std::lock_guard<std::mutex> lock(jobs_mutex_);
+    MutexLock lock(jobs_mutex_);
     if (stopping_) {
       return FailedPreconditionError(
           fmt::format("the opencl client of {} has shut down", queue_.name()));
@@ -228,32 +228,34 @@ Status StagingRing::Submit(Job job) {
 }
 
 void StagingRing::WorkerLoop() {
-  std::unique_lock<std::mutex> lock(jobs_mutex_);
+  MutexLock lock(jobs_mutex_);
   while (true) {
-    job_available_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    while (!stopping_ && jobs_.empty()) lock.Wait(job_available_);
     if (jobs_.empty()) return;  // stopping; Shutdown took the queued jobs
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     std::move(job)(OkStatus());
     job = nullptr;  // its captures go before the lock is taken again
-    lock.lock();
+    lock.Lock();
   }
 }
 
 void StagingRing::Shutdown() {
   std::deque<Job> cancelled;
+  std::thread worker;
   {
-    std::lock_guard<std::mutex> lock(jobs_mutex_);
+    MutexLock lock(jobs_mutex_);
     stopping_ = true;
     cancelled.swap(jobs_);
+    worker = std::move(worker_);  // no Submit starts another once stopping_ is set
   }
   job_available_.notify_all();
   for (Job& job : cancelled) {
     std::move(job)(CancelledError("the opencl client shut down before the transfer started"));
     job = nullptr;
   }
-  if (worker_.joinable()) worker_.join();
+  if (worker.joinable()) worker.join();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -23,10 +23,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_view.h"
 #include "ferry/core/status.h"
+#include "src/core/mutex.h"
 #include "src/device/opencl/opencl_buffer.h"
 #include "src/device/opencl/opencl_library.h"
 
@@ -120,8 +122,8 @@ class PieceCounter {
   ClientLifetime::Token token_;
   absl::AnyInvocable<void(Status) &&> finish_;
   std::atomic<int64_t> pending_{1};
-  std::mutex mutex_;
-  Status first_error_;
+  Mutex mutex_;
+  Status first_error_ ABSL_GUARDED_BY(mutex_);
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -168,23 +170,24 @@ class StagingRing {
   void Shutdown();
 
  private:
-  Status CreateChunksLocked();
+  Status CreateChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunks_mutex_);
   void WorkerLoop();
 
   const DeviceQueue& queue_;
   const int num_chunks_;
   const int64_t chunk_bytes_;
 
-  std::mutex chunks_mutex_;
+  Mutex chunks_mutex_;
   std::condition_variable chunk_free_;
-  std::vector<Chunk> chunks_;
-  std::vector<Chunk*> free_chunks_;
+  // Created once under the lock; the destructor reads them when no chunk can be in use.
+  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(chunks_mutex_);
+  std::vector<Chunk*> free_chunks_ ABSL_GUARDED_BY(chunks_mutex_);
 
-  std::mutex jobs_mutex_;
+  Mutex jobs_mutex_;
   std::condition_variable job_available_;
-  std::deque<Job> jobs_;
-  bool stopping_ = false;
-  std::thread worker_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mutex_);
+  bool stopping_ ABSL_GUARDED_BY(jobs_mutex_) = false;
+  std::thread worker_ ABSL_GUARDED_BY(jobs_mutex_);
 };
 
 // Writes the elements of `src` into `memory` (dense, `device_dtype`) through `ring`, converting
