@@ -258,23 +258,24 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
 
 StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
   ScopedTimer timer(metrics::TransferFromDeviceTime());
-  FERRY_ASSIGN_OR_RETURN(HostTensor whole,
+  // Owns `whole`: every read writes into it, and none may outlive it, whatever path returns.
+  internal::PendingReads pending;
+  FERRY_ASSIGN_OR_RETURN(HostTensor allocated,
                          HostTensor::Allocate(data.logical_dtype(), data.global_dims()));
-  const MutableHostView whole_view = whole.mutable_view();
-  std::vector<Future<>> reads;
+  const MutableHostView whole_view = pending.Hold(std::move(allocated)).mutable_view();
   std::vector<size_t> read_shards;
   std::vector<ShardIndex> done;
   for (size_t i = 0; i < data.shards().size(); ++i) {
     const ShardIndex& index = data.indices()[i];
     if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
     done.push_back(index);
-    reads.push_back(data.shards()[i]->buffer().ToHost(SubView(whole_view, index)));
+    pending.Add(data.shards()[i]->buffer().ToHost(SubView(whole_view, index)));
     read_shards.push_back(i);
   }
-  // Wait for every read, even after an error: they all write into `whole`.
+  const std::vector<Status> statuses = pending.AwaitAll();
   Status first_error;
-  for (size_t r = 0; r < reads.size(); ++r) {
-    const Status& status = reads[r].Await();
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    const Status& status = statuses[r];
     if (!status.ok() && first_error.ok()) {
       first_error =
           Status(status.code(),
@@ -283,6 +284,7 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
     }
   }
   if (!first_error.ok()) return first_error;
+  HostTensor whole = std::move(pending.TakeTensors().front());
   metrics::InboundData()->AddSample(static_cast<double>(whole.size_bytes()));
   return whole;
 }

@@ -19,6 +19,28 @@ Data::Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name
 Data::~Data() { metrics::DestroyDataHandles()->Add(); }
 
 namespace internal {
+
+PendingReads::~PendingReads() { AwaitAll(); }
+
+HostTensor& PendingReads::Hold(HostTensor tensor) {
+  tensors_.push_back(std::move(tensor));
+  return tensors_.back();
+}
+
+std::vector<Status> PendingReads::AwaitAll() {
+  std::vector<Status> statuses;
+  statuses.reserve(reads_.size());
+  for (const Future<>& read : reads_) statuses.push_back(read.Await());
+  return statuses;
+}
+
+std::vector<HostTensor> PendingReads::TakeTensors() {
+  std::vector<HostTensor> tensors(std::make_move_iterator(tensors_.begin()),
+                                  std::make_move_iterator(tensors_.end()));
+  tensors_.clear();
+  return tensors;
+}
+
 namespace {
 
 // Starts one transfer; `on_done` runs once the source has been read (as `semantics` says).
@@ -149,10 +171,8 @@ StatusOr<std::vector<DataPtr>> TransferToDevice(
 StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> data,
                                                      const TransferFromDeviceOptions& options) {
   ScopedTimer timer(metrics::TransferFromDeviceTime());
-  std::vector<HostTensor> tensors;
-  std::vector<Future<>> reads;
-  tensors.reserve(data.size());
-  reads.reserve(data.size());
+  // Owns the destinations: an early return below waits for the reads already started.
+  internal::PendingReads pending;
   // Start every read before waiting on any.
   for (size_t i = 0; i < data.size(); ++i) {
     if (data[i] == nullptr) {
@@ -161,14 +181,16 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
     const Data& handle = *data[i];
     const DType host_dtype =
         options.in_device_dtype ? handle.device_dtype() : handle.logical_dtype();
-    FERRY_ASSIGN_OR_RETURN(HostTensor tensor, HostTensor::Allocate(host_dtype, handle.dims()));
+    FERRY_ASSIGN_OR_RETURN(HostTensor allocated, HostTensor::Allocate(host_dtype, handle.dims()));
+    HostTensor& tensor = pending.Hold(std::move(allocated));
     if (host_dtype != handle.device_dtype()) metrics::ConvertedTransfers()->Add();
-    reads.push_back(handle.buffer().ToHost(tensor.mutable_view()));
-    tensors.push_back(std::move(tensor));
+    pending.Add(handle.buffer().ToHost(tensor.mutable_view()));
   }
+  const std::vector<Status> statuses = pending.AwaitAll();
+  std::vector<HostTensor> tensors = pending.TakeTensors();
   Status first_error;
-  for (size_t i = 0; i < reads.size(); ++i) {
-    const Status& status = reads[i].Await();
+  for (size_t i = 0; i < statuses.size(); ++i) {
+    const Status& status = statuses[i];
     if (!status.ok() && first_error.ok()) {
       first_error = Status(status.code(),
                            fmt::format("reading tensor '{}' from {}: {}", data[i]->name(),

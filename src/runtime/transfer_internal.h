@@ -4,11 +4,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/types/span.h"
+#include "ferry/core/future.h"
+#include "ferry/core/host_tensor.h"
 #include "ferry/runtime/transfer.h"
 
 namespace ferry::internal {
@@ -28,6 +31,34 @@ struct DeviceTransfer {
 // Even on error, no source is read after this returns.
 StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> transfers,
                                               HostBufferSemantics semantics);
+
+// The host tensors that device -> host reads write into, together with those reads: the one owner
+// of read destinations in the runtime (TransferFromDevice, AssembleShards). Its destructor waits
+// for every read it holds before it frees the tensors, so a call that returns early, on any path
+// (an error later in the batch, an allocation that fails), can never free memory that a read it
+// already started still writes into. Not thread-safe: one caller builds and consumes it.
+class PendingReads {
+ public:
+  PendingReads() = default;
+  PendingReads(const PendingReads&) = delete;
+  PendingReads& operator=(const PendingReads&) = delete;
+  // Waits for every read not yet awaited, then frees the tensors still held.
+  ~PendingReads();
+
+  // Takes `tensor` and returns it; the reference (and the tensor's memory) stays valid until
+  // TakeTensors or destruction.
+  HostTensor& Hold(HostTensor tensor);
+  // Records a started read into memory of a held tensor.
+  void Add(Future<> read) { reads_.push_back(std::move(read)); }
+  // Waits for every read, in the order added; one status each.
+  std::vector<Status> AwaitAll();
+  // After AwaitAll: hands over the held tensors, in the order held.
+  std::vector<HostTensor> TakeTensors();
+
+ private:
+  std::deque<HostTensor> tensors_;  // a deque: Hold's references survive later Holds
+  std::vector<Future<>> reads_;
+};
 
 inline constexpr int64_t kOverlapMinBytes = int64_t{1} << 20;
 
