@@ -12,7 +12,10 @@
 namespace ferry {
 
 Data::Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name)
-    : buffer_(std::move(buffer)), logical_dtype_(logical_dtype), name_(std::move(name)) {
+    : buffer_(std::move(buffer)),
+      logical_dtype_(logical_dtype),
+      name_(std::move(name)),
+      device_name_(buffer_->device()->name()) {
   metrics::CreateDataHandles()->Add();
 }
 
@@ -192,9 +195,9 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
   for (size_t i = 0; i < statuses.size(); ++i) {
     const Status& status = statuses[i];
     if (!status.ok() && first_error.ok()) {
-      first_error = Status(status.code(),
-                           fmt::format("reading tensor '{}' from {}: {}", data[i]->name(),
-                                       data[i]->device()->name(), std::string(status.message())));
+      first_error =
+          Status(status.code(), fmt::format("reading tensor '{}' from {}: {}", data[i]->name(),
+                                            data[i]->device_name(), std::string(status.message())));
     }
     if (status.ok())
       metrics::InboundData()->AddSample(static_cast<double>(tensors[i].size_bytes()));

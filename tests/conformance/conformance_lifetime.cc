@@ -74,6 +74,73 @@ TEST_P(ConformanceLifetime, TransferFromDeviceReturnsAnErrorOnlyAfterTheReadsItS
       << "TransferFromDevice returned while a read it started was still running";
 }
 
+// A buffer, and a runtime Data handle, that outlive their client: every call answers without
+// touching the dead client or its devices. Ready() keeps its result; reads and host views are
+// FailedPrecondition (a host view may instead be Unimplemented where the backend has none); the
+// runtime names the tensor and its device in the error.
+TEST_P(ConformanceLifetime, EveryCallOnABufferWhoseClientIsGoneFailsCleanly) {
+  const Dims dims = {64, 48};
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, dims);
+  const HostView view = HostView::Dense(source.data(), DType::kF32, dims);
+  struct Case {
+    std::string name;
+    std::unique_ptr<Buffer> buffer;
+    DataPtr data;  // the same kind of buffer, in a runtime handle
+  };
+  std::vector<Case> cases;
+  const std::string device_name = device()->name();
+  for (HostBufferSemantics semantics : {HostBufferSemantics::kImmutableOnlyDuringCall,
+                                        HostBufferSemantics::kImmutableUntilTransferCompletes,
+                                        HostBufferSemantics::kImmutableZeroCopy}) {
+    Case added;
+    added.name = std::string(HostBufferSemanticsName(semantics));
+    CT_ASSERT_OK_AND_ASSIGN(
+        added.buffer,
+        client().BufferFromHostBuffer(view, DType::kF32, device(), semantics, nullptr, added.name));
+    CT_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<Buffer> for_data,
+        client().BufferFromHostBuffer(view, DType::kF32, device(), semantics, nullptr, added.name));
+    CT_ASSERT_READY_OK(added.buffer->Ready());
+    CT_ASSERT_READY_OK(for_data->Ready());
+    added.data = std::make_shared<Data>(std::move(for_data), DType::kF32, added.name);
+    cases.push_back(std::move(added));
+  }
+  DestroyClient();
+
+  for (Case& each : cases) {
+    SCOPED_TRACE(each.name + (each.buffer->is_alias() ? " (an alias)" : ""));
+    Buffer& buffer = *each.buffer;
+    EXPECT_EQ(buffer.device_dtype(), DType::kF32);
+    EXPECT_EQ(buffer.dims(), dims);
+    EXPECT_EQ(buffer.size_bytes(), NumElements(dims) * 4);
+    const std::optional<Status> ready = AwaitFor(buffer.Ready());
+    ASSERT_TRUE(ready.has_value());
+    EXPECT_TRUE(ready->ok()) << *ready;
+
+    std::vector<std::byte> dst(static_cast<size_t>(buffer.size_bytes()));
+    const std::optional<Status> read =
+        AwaitFor(buffer.ToHost(MutableHostView::Dense(dst.data(), DType::kF32, dims)));
+    ASSERT_TRUE(read.has_value()) << "ToHost after the client is gone never completed";
+    EXPECT_TRUE(absl::IsFailedPrecondition(*read)) << *read;
+
+    const StatusOr<HostView> host_view = buffer.HostAccessibleView();
+    EXPECT_TRUE(absl::IsFailedPrecondition(host_view.status()) ||
+                absl::IsUnimplemented(host_view.status()))
+        << host_view.status();
+
+    // The runtime on the same kind of buffer.
+    EXPECT_EQ(each.data->device_name(), device_name);
+    EXPECT_EQ(each.data->dims(), dims);
+    CT_EXPECT_OK(AwaitReady({each.data}));
+    const StatusOr<std::vector<HostTensor>> tensors = TransferFromDevice({each.data});
+    ASSERT_FALSE(tensors.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(tensors.status())) << tensors.status();
+    const std::string message(tensors.status().message());
+    EXPECT_NE(message.find("'" + each.name + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find(device_name), std::string::npos) << message;
+  }
+}
+
 FERRY_INSTANTIATE_CONFORMANCE_SUITE(ConformanceLifetime);
 
 }  // namespace

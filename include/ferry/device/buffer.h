@@ -22,6 +22,8 @@ class Buffer {
  public:
   virtual ~Buffer() = default;
 
+  // Non-owning; valid while the client lives (like every Device*). Nothing else a buffer
+  // offers reaches through it, so every other method is safe after the client is gone.
   virtual Device* device() const = 0;
   virtual DType device_dtype() const = 0;
   virtual const Dims& dims() const = 0;
@@ -41,7 +43,8 @@ class Buffer {
   virtual Future<> ToHost(const MutableHostView& dst) = 0;
 
   // On backends whose memory the host can read (the host backend): a read-only view of the
-  // device data, valid while the buffer lives and after Ready(). Others: Unimplemented.
+  // device data, valid while the buffer lives and after Ready(); FailedPrecondition once the
+  // client is gone. Others: Unimplemented.
   virtual StatusOr<HostView> HostAccessibleView() const;
 };
 

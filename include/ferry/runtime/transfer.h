@@ -17,9 +17,12 @@
 namespace ferry {
 
 // A handle to one tensor on a device. Shared (`DataPtr`); destroying the last reference frees
-// the device memory (once no transfer still uses it). Thread-safe.
+// the device memory (once no transfer still uses it). A handle may outlive the device's client:
+// reads then fail with FailedPrecondition (naming the tensor and `device_name()`), and everything
+// below except `device()` stays valid. Thread-safe.
 class Data {
  public:
+  // `buffer`'s client must be alive here (the device name is copied from it).
   Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name);
   ~Data();
   Data(const Data&) = delete;
@@ -29,7 +32,11 @@ class Data {
   DType logical_dtype() const { return logical_dtype_; }
   DType device_dtype() const { return buffer_->device_dtype(); }
   const Dims& dims() const { return buffer_->dims(); }
+  // Non-owning; valid while the device's client lives (see device.h). Error messages and
+  // anything that may run after the client is gone use device_name().
   Device* device() const { return buffer_->device(); }
+  // "<backend>:<index>", copied when the handle was made: valid for the handle's life.
+  const std::string& device_name() const { return device_name_; }
   const std::string& name() const { return name_; }
   Buffer& buffer() const { return *buffer_; }
   // Completes when the data is on the device and the source has been released.
@@ -39,6 +46,7 @@ class Data {
   std::unique_ptr<Buffer> buffer_;
   DType logical_dtype_;
   std::string name_;
+  std::string device_name_;
 };
 
 using DataPtr = std::shared_ptr<Data>;

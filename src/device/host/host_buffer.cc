@@ -66,6 +66,10 @@ const std::byte* HostBuffer::data() const {
 }
 
 StatusOr<HostView> HostBuffer::HostAccessibleView() const {
+  if (engine_.expired()) {
+    return FailedPreconditionError(
+        "HostAccessibleView: the buffer's host client has been destroyed");
+  }
   return HostView::Dense(data(), device_dtype_, dims_);
 }
 
