@@ -141,6 +141,54 @@ TEST_P(ConformanceLifetime, EveryCallOnABufferWhoseClientIsGoneFailsCleanly) {
   }
 }
 
+// A buffer destroyed while a ToHost still reads it: the read completes with the right bytes, and
+// where the buffer aliases the caller's memory, that memory is released (on_done) only after the
+// read, however early the buffer goes. The on_done here poisons the source and then frees it.
+TEST_P(ConformanceLifetime, BufferDestroyedWhileItIsReadReleasesItsSourceOnlyAfterTheRead) {
+  const Dims dims = {1024, 1024};  // 4 MiB of f32: read by the engine, not inline
+  auto source = std::make_shared<HostBytes>(RandomDenseTensor(rng(), DType::kF32, dims));
+  const std::vector<std::byte> expected = source->ToVector();
+  const HostView view = HostView::Dense(source->data(), DType::kF32, dims);
+  auto record = std::make_shared<OnDoneRecord>();
+  std::weak_ptr<HostBytes> source_watch = source;
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Buffer> buffer,
+      client().BufferFromHostBuffer(
+          view, DType::kF32, device(), HostBufferSemantics::kImmutableZeroCopy,
+          MakeRecordingOnDone(record, {.poison = source->span(), .keep_alive = source}),
+          "read_while_destroyed"));
+  source.reset();  // from here the on_done callback owns the source memory
+  record->CallReturned();
+  CT_ASSERT_READY_OK(buffer->Ready());
+  const bool alias = buffer->is_alias();
+
+  // Work queued ahead of the read, so that the read is still to run when the buffer goes.
+  const Dims blocker_dims = {4096, 4096};  // 64 MiB of f32
+  HostBytes blocker_source(NumElements(blocker_dims) * 4);
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Buffer> blocker,
+      client().BufferFromHostBuffer(
+          HostView::Dense(blocker_source.data(), DType::kF32, blocker_dims), DType::kF32, device(),
+          HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "blocker"));
+
+  std::vector<std::byte> dst(expected.size());
+  Future<> read = buffer->ToHost(MutableHostView::Dense(dst.data(), DType::kF32, dims));
+  buffer.reset();
+  if (alias) {
+    // Nothing may release the source while the read still has it to do.
+    // on_done first, then the read: a read that finishes between the two looks (rightly) done;
+    // the other order would see a read still running and then on_done of its completion.
+    const bool on_done_ran = record->Calls() > 0;
+    EXPECT_TRUE(!on_done_ran || read.IsReady())
+        << "on_done ran when the buffer was destroyed, before its running read had finished";
+  }
+  CT_ASSERT_READY_OK(read);
+  EXPECT_TRUE(BytesEqual(expected, dst)) << "the read saw the source after on_done released it";
+  EXPECT_EQ(record->WaitForCalls(1), 1);
+  EXPECT_TRUE(source_watch.expired()) << "the source was never released";
+  CT_ASSERT_READY_OK(blocker->Ready());
+}
+
 FERRY_INSTANTIATE_CONFORMANCE_SUITE(ConformanceLifetime);
 
 }  // namespace

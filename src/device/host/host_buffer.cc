@@ -20,11 +20,23 @@ StatusOr<std::shared_ptr<DeviceAllocation>> DeviceAllocation::Create(
     return ResourceExhaustedError(fmt::format("tensor '{}': device {} could not allocate {} bytes",
                                               tensor_name, device_name, size_bytes));
   }
-  return std::make_shared<DeviceAllocation>(CreateKey(), std::move(account), data, size_bytes);
+  return std::make_shared<DeviceAllocation>(CreateKey(), std::move(account), data, size_bytes,
+                                            nullptr);
+}
+
+std::shared_ptr<DeviceAllocation> DeviceAllocation::Alias(const void* aliased,
+                                                          OnDoneWithHostBuffer on_done) {
+  return std::make_shared<DeviceAllocation>(
+      CreateKey(), nullptr, static_cast<const std::byte*>(aliased), 0, std::move(on_done));
 }
 
 DeviceAllocation::~DeviceAllocation() {
-  FreeHostMemory(data_, size_bytes_);
+  if (is_alias()) {
+    // Nothing reads the caller's memory any more: this is when ferry is done with it.
+    if (on_alias_done_) std::move(on_alias_done_)();
+    return;
+  }
+  FreeHostMemory(mutable_data(), size_bytes_);
   account_->Release(size_bytes_);
 }
 
@@ -38,20 +50,11 @@ HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
       ready_(std::move(ready)),
       engine_(std::move(engine)) {}
 
-HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims, const void* aliased,
-                       OnDoneWithHostBuffer on_done, std::weak_ptr<TransferEngine> engine)
-    : device_(device),
-      device_dtype_(device_dtype),
-      dims_(std::move(dims)),
-      aliased_(aliased),
-      on_alias_done_(std::move(on_done)),
-      ready_(Future<>::Ready(OkStatus())),
-      engine_(std::move(engine)) {}
-
-HostBuffer::~HostBuffer() {
-  // An alias read the caller's memory until now: this is when ferry is done with it.
-  if (on_alias_done_) std::move(on_alias_done_)();
-}
+HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
+                       std::shared_ptr<DeviceAllocation> allocation,
+                       std::weak_ptr<TransferEngine> engine)
+    : HostBuffer(device, device_dtype, std::move(dims), std::move(allocation),
+                 Future<>::Ready(OkStatus()), std::move(engine)) {}
 
 Device* HostBuffer::device() const { return device_; }
 
@@ -61,28 +64,26 @@ int64_t HostBuffer::size_bytes() const {
   return count * DTypeSize(device_dtype_);
 }
 
-const std::byte* HostBuffer::data() const {
-  return aliased_ != nullptr ? static_cast<const std::byte*>(aliased_) : allocation_->data();
-}
-
 StatusOr<HostView> HostBuffer::HostAccessibleView() const {
   if (engine_.expired()) {
     return FailedPreconditionError(
         "HostAccessibleView: the buffer's host client has been destroyed");
   }
-  return HostView::Dense(data(), device_dtype_, dims_);
+  return HostView::Dense(allocation_->data(), device_dtype_, dims_);
 }
 
 Future<> HostBuffer::ToHost(const MutableHostView& dst) {
   if (Status valid = CheckToHostArgs(dims_, device_dtype_, dst); !valid.ok()) {
     return Future<>::Ready(valid);
   }
-  auto plan = CopyConvertPlan::Create(HostView::Dense(data(), device_dtype_, dims_), dst);
+  auto plan =
+      CopyConvertPlan::Create(HostView::Dense(allocation_->data(), device_dtype_, dims_), dst);
   if (!plan.ok()) return Future<>::Ready(plan.status());
 
   Promise<> promise;
   const bool small =
       plan->num_elements() * DTypeSize(device_dtype_) <= HostClient::kInlineCopyBytes;
+  // The read holds the memory (an allocation, or an alias and so its on_done) until it is over.
   ready_.OnReady([promise, plan = *std::move(plan), engine = engine_, allocation = allocation_,
                   small](const Status& ready) mutable {
     if (!ready.ok()) {
@@ -96,12 +97,14 @@ Future<> HostBuffer::ToHost(const MutableHostView& dst) {
     }
     if (small) {
       plan.CopyAll();
+      allocation.reset();
       promise.Set(OkStatus());
       return;
     }
     Status submitted = running->Submit(
         std::move(plan), [promise, allocation = std::move(allocation)](Status status) mutable {
-          allocation.reset();  // the device memory may be freed now (if the buffer is gone)
+          // The memory may be freed now (if the buffer is gone), and an alias's on_done run.
+          allocation.reset();
           promise.Set(std::move(status));
         });
     if (!submitted.ok()) promise.Set(std::move(submitted));

@@ -17,8 +17,12 @@ namespace ferry::host {
 
 class HostDevice;
 
-// One allocation of device memory (64-byte aligned); returns its bytes to the account when freed.
-// Shared between the buffer and the transfers that still write or read it.
+// The memory behind one buffer: an allocation of device memory (64-byte aligned) that returns its
+// bytes to the account when freed, or, for a zero-copy buffer, the caller's memory, whose
+// `on_done` runs when this is destroyed. Shared between the buffer and the transfers that still
+// write or read it, so the last of them, not the buffer, decides when the memory goes: a read in
+// flight keeps an alias's source memory (and defers its on_done) exactly as it keeps an
+// allocation.
 class DeviceAllocation {
  public:
   // Reserves and allocates `size_bytes`. ResourceExhausted when the account or malloc says no.
@@ -26,22 +30,34 @@ class DeviceAllocation {
                                                             int64_t size_bytes,
                                                             std::string_view tensor_name,
                                                             std::string_view device_name);
+  // The caller's memory at `aliased`, released by running `on_done` (may be empty) when the last
+  // holder lets go: on the thread that drops the buffer, or the one that finishes its last read.
+  static std::shared_ptr<DeviceAllocation> Alias(const void* aliased, OnDoneWithHostBuffer on_done);
   ~DeviceAllocation();
+  DeviceAllocation(const DeviceAllocation&) = delete;
+  DeviceAllocation& operator=(const DeviceAllocation&) = delete;
 
-  std::byte* data() const { return data_; }
+  const std::byte* data() const { return data_; }
+  // Only for an allocation (never written through for an alias).
+  std::byte* mutable_data() const { return const_cast<std::byte*>(data_); }
+  bool is_alias() const { return account_ == nullptr; }
 
-  // For Create's std::make_shared (one allocation for the object and its count) only.
+  // For Create's and Alias's std::make_shared (one allocation for the object and its count) only.
   struct CreateKey {
     explicit CreateKey() = default;
   };
-  DeviceAllocation(CreateKey, std::shared_ptr<MemoryAccount> account, std::byte* data,
-                   int64_t size_bytes)
-      : account_(std::move(account)), data_(data), size_bytes_(size_bytes) {}
+  DeviceAllocation(CreateKey, std::shared_ptr<MemoryAccount> account, const std::byte* data,
+                   int64_t size_bytes, OnDoneWithHostBuffer on_alias_done)
+      : account_(std::move(account)),
+        data_(data),
+        size_bytes_(size_bytes),
+        on_alias_done_(std::move(on_alias_done)) {}
 
  private:
-  std::shared_ptr<MemoryAccount> account_;
-  std::byte* data_;
-  int64_t size_bytes_;
+  const std::shared_ptr<MemoryAccount> account_;  // null for an alias
+  const std::byte* const data_;
+  const int64_t size_bytes_;
+  OnDoneWithHostBuffer on_alias_done_;
 };
 
 class HostBuffer final : public Buffer {
@@ -50,29 +66,25 @@ class HostBuffer final : public Buffer {
   HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
              std::shared_ptr<DeviceAllocation> allocation, Future<> ready,
              std::weak_ptr<TransferEngine> engine);
-  // A buffer aliasing caller memory (zero-copy); `on_done` runs when the buffer is destroyed.
-  HostBuffer(HostDevice* device, DType device_dtype, Dims dims, const void* aliased,
-             OnDoneWithHostBuffer on_done, std::weak_ptr<TransferEngine> engine);
-  ~HostBuffer() override;
+  // A buffer aliasing caller memory (zero-copy): `allocation` is a DeviceAllocation::Alias, whose
+  // on_done runs once the buffer is destroyed and no read of it is running.
+  HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
+             std::shared_ptr<DeviceAllocation> allocation, std::weak_ptr<TransferEngine> engine);
 
   Device* device() const override;
   DType device_dtype() const override { return device_dtype_; }
   const Dims& dims() const override { return dims_; }
   int64_t size_bytes() const override;
-  bool is_alias() const override { return aliased_ != nullptr; }
+  bool is_alias() const override { return allocation_->is_alias(); }
   Future<> Ready() const override { return ready_; }
   Future<> ToHost(const MutableHostView& dst) override;
   StatusOr<HostView> HostAccessibleView() const override;
 
  private:
-  const std::byte* data() const;
-
   HostDevice* const device_;
   const DType device_dtype_;
   const Dims dims_;
-  const std::shared_ptr<DeviceAllocation> allocation_;  // null for an alias
-  const void* const aliased_ = nullptr;
-  OnDoneWithHostBuffer on_alias_done_;
+  const std::shared_ptr<DeviceAllocation> allocation_;
   const Future<> ready_;
   const std::weak_ptr<TransferEngine> engine_;
 };

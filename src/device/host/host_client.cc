@@ -82,8 +82,9 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
                            reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
     if (aliasable) {
       metrics::ZeroCopyAliases()->Add();
-      return std::unique_ptr<Buffer>(new HostBuffer(host_device, device_dtype, src.dims, src.data,
-                                                    std::move(on_done), engine_));
+      return std::unique_ptr<Buffer>(
+          new HostBuffer(host_device, device_dtype, src.dims,
+                         DeviceAllocation::Alias(src.data, std::move(on_done)), engine_));
     }
     metrics::ZeroCopyFallbacks()->Add();
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
@@ -105,8 +106,8 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
       DeviceAllocation::Create(host_device->memory(), device_bytes, tensor_name, device->name()));
   FERRY_ASSIGN_OR_RETURN(
       CopyConvertPlan plan,
-      CopyConvertPlan::Create(src,
-                              MutableHostView::Dense(allocation->data(), device_dtype, src.dims)));
+      CopyConvertPlan::Create(
+          src, MutableHostView::Dense(allocation->mutable_data(), device_dtype, src.dims)));
   (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
 
   auto make_buffer = [&](Future<> ready) {
