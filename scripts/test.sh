@@ -7,6 +7,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 "$root/scripts/install_deps.sh"
+# The Python environment first: it holds the PJRT C API header the builds need for the pjrt
+# backend (xla-cpu-pjrt) and the plugins its tests load.
+python=$("$root/scripts/python_env.sh" | tail -n 1)
 
 run_ctest() {
   local flavour=$1
@@ -44,7 +47,6 @@ scripts/build.sh tsan
 TSAN_OPTIONS=halt_on_error=1 run_ctest tsan -LE exhaustive
 
 echo "=== Python package (pip install . into .venv) and pytest ==="
-python=$("$root/scripts/python_env.sh" | tail -n 1)
 CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$python" -m pip install -q --no-build-isolation \
   --no-deps --disable-pip-version-check "$root"
 # FERRY_BENCH: the bench's --peers run is tested end to end too (tests/python/test_bench_peers.py).

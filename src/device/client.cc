@@ -1,9 +1,11 @@
 #include "ferry/device/client.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "ferry/core/convert.h"
 #include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -49,6 +51,45 @@ StatusOr<HostView> Buffer::HostAccessibleView() const {
       "memory)");
 }
 
+Future<> Buffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
+  if (Status status = CheckRawRange(this->size_bytes(), offset_bytes, size_bytes, dst);
+      !status.ok()) {
+    return Future<>::Ready(std::move(status));
+  }
+  if (Status ready = Ready().Await(); !ready.ok()) return Future<>::Ready(std::move(ready));
+  StatusOr<HostView> view = HostAccessibleView();
+  if (!view.ok()) return Future<>::Ready(view.status());
+  if (size_bytes > 0) {
+    std::memcpy(dst, static_cast<const std::byte*>(view->data) + offset_bytes,
+                static_cast<size_t>(size_bytes));
+  }
+  return Future<>::Ready(OkStatus());
+}
+
+StatusOr<std::unique_ptr<Buffer>> Buffer::CopyToDevice(Device* target) {
+  if (target == nullptr) return InvalidArgumentError("CopyToDevice: no target device");
+  FERRY_RETURN_IF_ERROR(Ready().Await());
+  FERRY_ASSIGN_OR_RETURN(HostTensor staged, HostTensor::Allocate(device_dtype(), dims()));
+  FERRY_RETURN_IF_ERROR(ToHost(staged.mutable_view()).Await());
+  return target->client()->BufferFromHostBuffer(staged.view(), device_dtype(), target,
+                                                HostBufferSemantics::kImmutableOnlyDuringCall,
+                                                nullptr, "copy");
+}
+
+Status CheckRawRange(int64_t buffer_bytes, int64_t offset_bytes, int64_t size_bytes,
+                     const void* dst) {
+  if (offset_bytes < 0 || size_bytes < 0 || offset_bytes > buffer_bytes ||
+      size_bytes > buffer_bytes - offset_bytes) {
+    return InvalidArgumentError(
+        fmt::format("CopyRawToHost: bytes [{}, {}+{}) are not inside the buffer's {} bytes",
+                    offset_bytes, offset_bytes, size_bytes, buffer_bytes));
+  }
+  if (dst == nullptr && size_bytes > 0) {
+    return InvalidArgumentError("CopyRawToHost: null destination");
+  }
+  return OkStatus();
+}
+
 Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst) {
   if (dst.dims != buffer_dims) {
     return InvalidArgumentError(
@@ -85,9 +126,8 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
   }
   FERRY_RETURN_IF_ERROR(src.ComputeAddressedBytes(tensor_name).status());
   if (src.data == nullptr && src.num_elements() > 0) {
-    return InvalidArgumentError(
-        fmt::format("tensor '{}': null data pointer for {} elements", tensor_name,
-                    src.num_elements()));
+    return InvalidArgumentError(fmt::format("tensor '{}': null data pointer for {} elements",
+                                            tensor_name, src.num_elements()));
   }
   return OkStatus();
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "ferry/core/dtype.h"
@@ -46,10 +47,31 @@ class Buffer {
   // device data, valid while the buffer lives and after Ready(); FailedPrecondition once the
   // client is gone. Others: Unimplemented.
   virtual StatusOr<HostView> HostAccessibleView() const;
+
+  // A partial read: copies `size_bytes` of the buffer's dense device bytes, starting at byte
+  // `offset_bytes`, into `dst` as they are (no conversion). The caller keeps `dst` alive until
+  // the future completes. Waits for Ready() first by itself. InvalidArgument when the range is
+  // not inside the buffer or `dst` is null with a non-empty range; FailedPrecondition once the
+  // client is gone. The default reads through HostAccessibleView(); backends whose memory the
+  // host cannot address implement it with their own partial reads (pjrt: CopyRawToHost).
+  virtual Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst);
+
+  // A copy of this buffer on `target` (the same device included): same dims and device dtype.
+  // The caller owns the result; its Ready() completes when the copy has arrived. Backends that
+  // copy between their devices do so (pjrt: PJRT_Buffer_CopyToDevice); the default goes through
+  // the host: it waits for Ready(), reads the buffer into a dense host tensor and puts that on
+  // `target` with kImmutableOnlyDuringCall (so it returns once the copy is on its way), on any
+  // backend's device. Errors as BufferFromHostBuffer and ToHost.
+  virtual StatusOr<std::unique_ptr<Buffer>> CopyToDevice(Device* target);
 };
 
 // Checks shared by every backend before a ToHost starts: `dst` has the buffer's dims, is
 // self-consistent, and `device_dtype` converts to its dtype. InvalidArgument/Unimplemented else.
 Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst);
+
+// Checks shared by every backend before a CopyRawToHost starts: [offset, offset + size) lies in
+// `buffer_bytes` and `dst` is not null for a non-empty range. InvalidArgument else.
+Status CheckRawRange(int64_t buffer_bytes, int64_t offset_bytes, int64_t size_bytes,
+                     const void* dst);
 
 }  // namespace ferry

@@ -66,54 +66,6 @@ StatusOr<cl_mem> DeviceQueue::AllocateMemory(int64_t size_bytes, std::string_vie
   return mem;
 }
 
-ClientLifetime::Token& ClientLifetime::Token::operator=(Token&& other) noexcept {
-  if (this != &other) {
-    Release();
-    lifetime_ = std::move(other.lifetime_);
-  }
-  return *this;
-}
-
-void ClientLifetime::Token::Release() {
-  if (lifetime_ == nullptr) return;
-  std::shared_ptr<ClientLifetime> lifetime = std::move(lifetime_);
-  lifetime->End();
-}
-
-StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
-    const std::shared_ptr<ClientLifetime>& lifetime, std::string_view what) {
-  {
-    std::lock_guard<std::mutex> lock(lifetime->mutex_);
-    if (lifetime->closed_) {
-      return FailedPreconditionError(fmt::format("{}: the opencl client has been shut down", what));
-    }
-    ++lifetime->in_flight_;
-  }
-  return Token(lifetime);
-}
-
-bool ClientLifetime::closed() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return closed_;
-}
-
-void ClientLifetime::Close() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  closed_ = true;
-}
-
-void ClientLifetime::WaitUntilIdle() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  idle_.wait(lock, [this] { return in_flight_ == 0; });
-}
-
-void ClientLifetime::End() {
-  // Notified under the lock: the waiter cannot return (and destroy the client) before this
-  // thread has let go of the mutex; the lifetime itself is kept alive by the caller's reference.
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (--in_flight_ == 0) idle_.notify_all();
-}
-
 StatusOr<std::shared_ptr<DeviceMemory>> DeviceMemory::Create(std::shared_ptr<DeviceQueue> queue,
                                                              std::shared_ptr<MemoryAccount> account,
                                                              int64_t size_bytes,
@@ -260,6 +212,29 @@ void StartRead(ReadRequest request) {
 }
 
 }  // namespace
+
+Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
+  if (Status valid = CheckRawRange(this->size_bytes(), offset_bytes, size_bytes, dst);
+      !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, "CopyRawToHost");
+  if (!token.ok()) return Future<>::Ready(token.status());
+  if (Status enqueued = enqueued_.Await(); !enqueued.ok()) return Future<>::Ready(enqueued);
+  if (size_bytes > 0) {
+    const OpenClLibrary& cl = memory_->queue().cl();
+    const cl_int error = cl.clEnqueueReadBuffer(
+        memory_->queue().queue(), memory_->mem(), CL_TRUE, static_cast<size_t>(offset_bytes),
+        static_cast<size_t>(size_bytes), dst, 0, nullptr, nullptr);
+    if (error != CL_SUCCESS) {
+      return Future<>::Ready(FERRY_OPENCL_STATUS(
+          error, "clEnqueueReadBuffer (partial)",
+          fmt::format("tensor '{}' on {}", tensor_name_, memory_->queue().name())));
+    }
+  }
+  // The writes have completed (the read ran after them): report their status, if it failed.
+  return Future<>::Ready(ready_.Await());
+}
 
 Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
   if (Status valid = CheckToHostArgs(dims_, device_dtype_, dst); !valid.ok()) {

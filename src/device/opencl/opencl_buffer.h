@@ -22,6 +22,7 @@
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
 #include "ferry/device/memory_account.h"
+#include "src/device/client_lifetime.h"
 #include "src/core/freed_memory_cache.h"
 #include "src/device/opencl/opencl_library.h"
 
@@ -84,43 +85,6 @@ class DeviceQueue {
   FreedMemoryCache<cl_mem> cache_;
 };
 
-// Whether a client still runs, and how many operations it still has in flight. Shared by the
-// client, its buffers and the operations themselves. Thread-safe.
-class ClientLifetime {
- public:
-  // Proof that an operation is in flight; the client's destructor waits until every token is
-  // released. Move-only; releasing it is the last thing an operation does.
-  class Token {
-   public:
-    Token() = default;
-    explicit Token(std::shared_ptr<ClientLifetime> lifetime) : lifetime_(std::move(lifetime)) {}
-    Token(Token&& other) noexcept = default;
-    Token& operator=(Token&& other) noexcept;
-    ~Token() { Release(); }
-    void Release();
-
-   private:
-    std::shared_ptr<ClientLifetime> lifetime_;
-  };
-
-  // A token for a new operation; FailedPrecondition (naming `what`) once the client is closing.
-  static StatusOr<Token> Begin(const std::shared_ptr<ClientLifetime>& lifetime,
-                               std::string_view what);
-  bool closed() const;
-  // No Begin succeeds after this.
-  void Close();
-  // Blocks until every token has been released. Never call it from an event callback.
-  void WaitUntilIdle();
-
- private:
-  void End();
-
-  mutable std::mutex mutex_;
-  std::condition_variable idle_;
-  bool closed_ = false;
-  int64_t in_flight_ = 0;
-};
-
 // One cl_mem of device memory, accounted against its device. Shared by the buffer and the
 // staged transfers still to be enqueued on it; commands already enqueued keep the cl_mem alive on
 // their own (OpenCL retains the memory objects of pending commands), so the last holder may give
@@ -177,6 +141,9 @@ class OpenClBuffer final : public Buffer {
   // dtype; otherwise through staging and the fused copy-convert. Completes from the event
   // callback of the last read, after Ready().
   Future<> ToHost(const MutableHostView& dst) override;
+  // One blocking clEnqueueReadBuffer of the range, after the writes of this buffer were
+  // enqueued (the in-order queue runs it after them). Never call it from an event callback.
+  Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
 
  private:
   OpenClDevice* const device_;

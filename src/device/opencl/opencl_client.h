@@ -99,7 +99,7 @@ class OpenClClient final : public Client {
                                                          std::string_view tensor_name) override;
 
  private:
-  OpenClClient() : lifetime_(std::make_shared<ClientLifetime>()) {}
+  OpenClClient() : lifetime_(std::make_shared<ClientLifetime>("opencl")) {}
 
   std::shared_ptr<ClientLifetime> lifetime_;
   std::vector<std::unique_ptr<OpenClDevice>> devices_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <utility>
 
@@ -39,8 +40,7 @@ PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts)
 PjrtBufferHandle::~PjrtBufferHandle() {
   auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
-  runtime_->Check(runtime_->api().PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy")
-      .IgnoreError();
+  runtime_->Check(runtime_->api().PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy").IgnoreError();
 }
 
 PjrtBuffer::PjrtBuffer(PjrtDevice* device, PjrtBufferParts parts)
@@ -58,6 +58,94 @@ StatusOr<HostView> PjrtBuffer::HostAccessibleView() const {
         "HostAccessibleView: the memory of {} is not addressable from the host", device_name_));
   }
   return HostView::Dense(parts_.host_address, parts_.device_dtype, parts_.dims);
+}
+
+Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
+  if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, dst); !status.ok()) {
+    return Future<>::Ready(std::move(status));
+  }
+  StatusOr<ClientLifetime::Token> token =
+      ClientLifetime::Begin(lifetime_, fmt::format("CopyRawToHost from {}", device_name_));
+  if (!token.ok()) return Future<>::Ready(token.status());
+  if (Status ready = parts_.ready.Await(); !ready.ok()) return Future<>::Ready(std::move(ready));
+  if (size_bytes == 0) return Future<>::Ready(OkStatus());
+  if (parts_.host_address != nullptr) {
+    std::memcpy(dst, parts_.host_address + offset_bytes, static_cast<size_t>(size_bytes));
+    return Future<>::Ready(OkStatus());
+  }
+  if (!source_.client->platform().has_raw_reads) {
+    return Future<>::Ready(UnimplementedError(fmt::format(
+        "CopyRawToHost from {}: the plugin has no PJRT_Buffer_CopyRawToHost", device_name_)));
+  }
+  // Waited for on the staging worker (see StartRead for why the event is awaited).
+  Promise<> done;
+  Status queued = source_.client->RunOnStagingWorker(
+      [handle = parts_.handle, offset_bytes, size_bytes, dst, done, name = device_name_,
+       token = std::move(*token)](Status start) mutable {
+        if (start.ok()) {
+          const PJRT_Api& api = handle->runtime().api();
+          auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+          args.buffer = handle->get();
+          args.dst = dst;
+          args.offset = offset_bytes;
+          args.transfer_size = size_bytes;
+          start = handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args),
+                                          fmt::format("CopyRawToHost from {}", name));
+          if (start.ok()) start = AwaitEvent(api, args.event, "CopyRawToHost");
+        }
+        done.Set(std::move(start));
+        token.Release();
+      });
+  if (!queued.ok()) return Future<>::Ready(std::move(queued));
+  return done.future();
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
+  PjrtClient* client = source_.client;
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(lifetime_, fmt::format("CopyToDevice from {}", device_name_)));
+  const auto devices = client->devices();
+  const bool same_client =
+      target != nullptr && std::find(devices.begin(), devices.end(), target) != devices.end();
+  const PjrtLibrary& library = client->runtime()->library();
+  // A view buffer of ferry's own memory (the direct path) is copied through ferry's kernels:
+  // the plugin would allocate fresh memory for it, the slow case the direct path exists for.
+  if (!same_client || !FERRY_PJRT_HAS(library, PJRT_Buffer_CopyToDevice) ||
+      client->platform().direct_host_access) {
+    token.Release();
+    return Buffer::CopyToDevice(target);
+  }
+  auto* pjrt_target = static_cast<PjrtDevice*>(target);
+  FERRY_RETURN_IF_ERROR(parts_.ready.Await());
+  FERRY_RETURN_IF_ERROR(pjrt_target->memory()->Reserve(size_bytes_, "copy", pjrt_target->name()));
+  auto accounted = std::make_shared<AccountedBytes>(pjrt_target->memory(), size_bytes_);
+  const PJRT_Api& api = client->runtime()->api();
+  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
+  args.buffer = parts_.handle->get();
+  args.dst_device = pjrt_target->pjrt_device();
+  FERRY_RETURN_IF_ERROR(client->runtime()->Check(
+      api.PJRT_Buffer_CopyToDevice(&args),
+      fmt::format("CopyToDevice from {} to {}", device_name_, target->name())));
+  PjrtBufferParts parts;
+  parts.handle = std::make_shared<PjrtBufferHandle>(client->runtime(), args.dst_buffer);
+  parts.device_dtype = parts_.device_dtype;
+  parts.dims = parts_.dims;
+  parts.memory_keepalive = accounted;
+  auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready_args.buffer = args.dst_buffer;
+  FERRY_RETURN_IF_ERROR(
+      client->runtime()->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "Buffer_ReadyEvent"));
+  Promise<> ready;
+  parts.ready = ready.future();
+  OnEventReady(
+      api, ready_args.event,
+      [ready, token = std::move(token)](Status status) mutable {
+        token.Release();
+        ready.Set(std::move(status));
+      },
+      fmt::format("CopyToDevice to {}", target->name()));
+  return std::unique_ptr<Buffer>(new PjrtBuffer(pjrt_target, std::move(parts)));
 }
 
 Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {

@@ -85,6 +85,12 @@ class PjrtBuffer final : public Buffer {
   Future<> ToHost(const MutableHostView& dst) override;
   // A read-only view of the device memory where the host can address it (CPU plugins).
   StatusOr<HostView> HostAccessibleView() const override;
+  // From the device memory where the host addresses it; else the plugin's partial read
+  // (PJRT_Buffer_CopyRawToHost, waited for on the client's staging worker).
+  Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
+  // PJRT_Buffer_CopyToDevice on the plugin when `target` is a device of the same client (and the
+  // plugin has it); through the host otherwise.
+  StatusOr<std::unique_ptr<Buffer>> CopyToDevice(Device* target) override;
 
   PJRT_Buffer* pjrt_buffer() const { return parts_.handle->get(); }
 

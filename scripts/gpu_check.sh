@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The pjrt backend on a real GPU, in one command: installs JAX's CUDA 12 PJRT plugin
+# (jax-cuda12-pjrt, with the CUDA libraries it needs, from PyPI) into a virtual environment of its
+# own (.venv-gpu, next to the project's .venv), builds ferry, runs the device-API conformance suite
+# and the pjrt tests on the CUDA plugin, then `ferry-bench --device pjrt:0` and prints its table.
+#
+# Usage: scripts/gpu_check.sh [extra ferry-bench flags, e.g. --size 0.25]
+# Needs an NVIDIA GPU and its driver; nothing else. Writes build/gpu_check/bench.json.
+# No GPU was lent when this was written: docs/pjrt.md says what was and was not run.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "gpu_check: no NVIDIA GPU visible (nvidia-smi -L failed)" >&2
+  exit 1
+fi
+nvidia-smi -L
+
+"$root/scripts/install_deps.sh"
+"$root/scripts/python_env.sh" >/dev/null  # the header (xla-cpu-pjrt) the build needs
+
+gpu_venv="$root/.venv-gpu"
+if [[ ! -x "$gpu_venv/bin/python" ]]; then python3 -m venv "$gpu_venv"; fi
+# The CUDA plugin of the JAX release the project pins (pyproject.toml), with its CUDA libraries.
+jax_version=$("$root/.venv/bin/python" -c "import jax; print(jax.__version__)")
+"$gpu_venv/bin/pip" install -q --disable-pip-version-check "jax[cuda12]==$jax_version"
+site=$("$gpu_venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+plugin=$(find "$site" -name 'xla_cuda_plugin.so' | head -n 1)
+if [[ -z "$plugin" ]]; then
+  echo "gpu_check: jax-cuda12-pjrt did not install xla_cuda_plugin.so under $site" >&2
+  exit 1
+fi
+echo "gpu_check: plugin $plugin"
+# The plugin finds the CUDA libraries of the nvidia-* wheels through the site-packages path.
+export FERRY_PJRT_PLUGIN="$plugin"
+export FERRY_PJRT_SEARCH_PATH="$site"
+export LD_LIBRARY_PATH="$(find "$site/nvidia" -maxdepth 2 -name lib -type d | paste -sd:)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+"$root/scripts/build.sh" plain ferry_conformance_tests ferry_device_tests ferry-bench ferry_cli
+build/plain/ferry devices | grep -E '^(device|pjrt)|^ {10,}'
+echo "=== conformance suite on the CUDA plugin (pjrt, pjrt_plugin_paths) ==="
+# pjrt_api115 names the CPU plugin of lammps-jax-pjrt-cpu: not this check's business.
+build/plain/tests/ferry_conformance_tests --gtest_filter='*/pjrt:*/pjrt_plugin_paths' --gtest_brief=1
+echo "=== pjrt tests on the CUDA plugin ==="
+build/plain/tests/ferry_device_tests --gtest_filter='Pjrt*' --gtest_brief=1
+echo "=== ferry-bench --device pjrt:0 ==="
+mkdir -p build/gpu_check
+build/plain/ferry-bench --device pjrt:0 --json build/gpu_check/bench.json "$@"

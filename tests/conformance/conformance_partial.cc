@@ -1,0 +1,127 @@
+// Partial reads (Buffer::CopyRawToHost) and device-to-device copies (Buffer::CopyToDevice): what
+// accelerators need beyond whole-buffer transfers, held to the same contract on every backend.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "conformance_suite.h"
+
+namespace ferry::conformance {
+namespace {
+
+class ConformancePartial : public ConformanceTest {};
+
+// Random byte ranges of a buffer (empty, whole, unaligned, the last byte) read back exactly the
+// bytes a whole read gives, and nothing outside the range is written.
+TEST_P(ConformancePartial, PartialReadsReturnExactlyTheirRange) {
+  const Dims dims = {300, 37};
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, dims);
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Buffer> buffer,
+      client().BufferFromHostBuffer(HostView::Dense(source.data(), DType::kF32, dims), DType::kF32,
+                                    device(), HostBufferSemantics::kImmutableUntilTransferCompletes,
+                                    nullptr, "partial"));
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> whole, ReadBack(*buffer));
+  const int64_t size = buffer->size_bytes();
+  ASSERT_EQ(size, static_cast<int64_t>(whole.size()));
+  std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 0}, {0, size}, {size - 1, 1}, {3, 5}};
+  for (int i = 0; i < 20; ++i) {
+    const int64_t offset = static_cast<int64_t>(rng()() % static_cast<uint64_t>(size));
+    ranges.emplace_back(offset,
+                        static_cast<int64_t>(rng()() % static_cast<uint64_t>(size - offset)));
+  }
+  for (const auto& [offset, count] : ranges) {
+    SCOPED_TRACE(testing::Message() << "bytes [" << offset << ", +" << count << ")");
+    std::vector<std::byte> dst(static_cast<size_t>(count) + 16, std::byte{0xa5});
+    CT_ASSERT_READY_OK(buffer->CopyRawToHost(offset, count, dst.data() + 8));
+    EXPECT_TRUE(BytesEqual(absl::MakeConstSpan(whole).subspan(offset, count),
+                           absl::MakeConstSpan(dst).subspan(8, count)));
+    for (int guard = 0; guard < 8; ++guard) {
+      EXPECT_EQ(dst[guard], std::byte{0xa5}) << "wrote before the destination";
+      EXPECT_EQ(dst[8 + count + guard], std::byte{0xa5}) << "wrote past the destination";
+    }
+  }
+}
+
+TEST_P(ConformancePartial, PartialReadsOutsideTheBufferAreInvalidArgument) {
+  alignas(64) float data[16] = {};
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer,
+                          client().BufferFromHostBuffer(
+                              HostView::Dense(data, DType::kF32, {16}), DType::kF32, device(),
+                              HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "small"));
+  std::vector<std::byte> dst(128);
+  for (const auto& [offset, count] : std::vector<std::pair<int64_t, int64_t>>{
+           {-1, 4}, {0, 65}, {64, 1}, {60, 8}, {0, -1}, {int64_t{1} << 62, int64_t{1} << 62}}) {
+    SCOPED_TRACE(testing::Message() << "bytes [" << offset << ", +" << count << ")");
+    const std::optional<Status> status = AwaitFor(buffer->CopyRawToHost(offset, count, dst.data()));
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->code(), absl::StatusCode::kInvalidArgument) << *status;
+  }
+  const std::optional<Status> null_dst = AwaitFor(buffer->CopyRawToHost(0, 4, nullptr));
+  ASSERT_TRUE(null_dst.has_value());
+  EXPECT_EQ(null_dst->code(), absl::StatusCode::kInvalidArgument) << *null_dst;
+}
+
+// A copy to another device (or the same one, where the backend has one device) has the same dims,
+// dtype and bytes, and is independent of its source: destroying the source leaves it intact.
+TEST_P(ConformancePartial, CopyToDeviceMakesAnIndependentExactCopy) {
+  std::unique_ptr<Client> two_devices;
+  Device* target = device();
+  if (backend().honours_num_devices_option) {
+    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
+  }
+  Client& owner = two_devices != nullptr ? *two_devices : client();
+  Device* source_device = owner.devices()[0];
+  target = owner.devices().size() > 1 ? owner.devices()[1] : owner.devices()[0];
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kS8, DType::kC64}) {
+    if (!Holds({dtype}, source_device)) continue;
+    SCOPED_TRACE(DTypeName(dtype));
+    const Dims dims = {17, 33};
+    HostBytes source = RandomDenseTensor(rng(), dtype, dims);
+    CT_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<Buffer> original,
+        owner.BufferFromHostBuffer(
+            HostView::Dense(source.data(), dtype, dims), dtype, source_device,
+            HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "original"));
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> copy, original->CopyToDevice(target));
+    EXPECT_EQ(copy->device(), target);
+    EXPECT_EQ(copy->dims(), dims);
+    EXPECT_EQ(copy->device_dtype(), dtype);
+    CT_ASSERT_READY_OK(copy->Ready());
+    original.reset();
+    CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(*copy));
+    EXPECT_TRUE(BytesEqual(source.span(), actual));
+  }
+  // To a device of another backend's client: through the host, whatever the backends.
+  auto host = CreateClient("host");
+  ASSERT_TRUE(host.ok()) << host.status();
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, {64});
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Buffer> original,
+      owner.BufferFromHostBuffer(HostView::Dense(source.data(), DType::kF32, {64}), DType::kF32,
+                                 source_device, HostBufferSemantics::kImmutableOnlyDuringCall,
+                                 nullptr, "original"));
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> on_host,
+                          original->CopyToDevice((*host)->devices()[0]));
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(*on_host));
+  EXPECT_TRUE(BytesEqual(source.span(), actual));
+  EXPECT_EQ(original->CopyToDevice(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(ConformancePartial, PartialReadsAndCopiesFailCleanlyOnceTheClientIsGone) {
+  alignas(64) float data[16] = {1, 2, 3};
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer,
+                          client().BufferFromHostBuffer(
+                              HostView::Dense(data, DType::kF32, {16}), DType::kF32, device(),
+                              HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "orphan"));
+  DestroyClient();
+  std::vector<std::byte> dst(64);
+  const std::optional<Status> read = AwaitFor(buffer->CopyRawToHost(0, 64, dst.data()));
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->code(), absl::StatusCode::kFailedPrecondition) << *read;
+}
+
+FERRY_INSTANTIATE_CONFORMANCE_SUITE(ConformancePartial);
+
+}  // namespace
+}  // namespace ferry::conformance
