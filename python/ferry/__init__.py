@@ -152,10 +152,25 @@ def _resolve_device(device: Device | str | None) -> Device | None:
     raise InvalidArgumentError(f"device must be a ferry.Device, a name or None, not {device!r}")
 
 
+def _resolve_lazy_views(x: Any) -> Any:
+    """A torch view with the conjugate or negative bit set, made real (a copy).
+
+    Such a view shares its storage with the tensor it was made from and records the conjugation
+    or negation in a bit that DLPack cannot carry: read through DLPack it would arrive as the raw
+    storage, unconjugated or unnegated.
+    """
+    for flag, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+        check = getattr(x, flag, None)
+        if callable(check) and check():
+            x = getattr(x, resolve)()
+    return x
+
+
 def _prepare(x: Any) -> tuple[Any, str | None]:
     """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself."""
     if isinstance(x, np.generic):  # a numpy scalar: a 0-d array without a copy of note
         x = np.asarray(x)
+    x = _resolve_lazy_views(x)
     if isinstance(x, np.ndarray):
         viewed = _VIEWED_AS_UINT.get(x.dtype)
         if viewed is not None:
@@ -261,12 +276,24 @@ def _array_repr(self: Array) -> str:
     )
 
 
-def _array_dlpack(self: Array, *args: Any, **kwargs: Any) -> Any:
-    """Read-only, zero-copy DLPack export (host devices only)."""
+def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, int] | None = None,
+                  dl_device: Any = None, copy: bool | None = None) -> Any:
+    """DLPack export (host devices only), zero-copy except over read-only memory.
+
+    A consumer that passes `max_version` >= (1, 0) gets a versioned capsule, an older one an
+    unversioned capsule. An array that aliases read-only memory (a zero_copy put of a mapped file
+    or of a read-only array) is exported as a copy (flagged IS_COPIED), unless the consumer passes
+    copy=False: then a versioned capsule flagged READ_ONLY aliases it, and an unversioned one
+    (which cannot carry the flag) is refused with BufferError. Never a writable alias.
+    """
     if self.device.backend != "host":
         raise UnimplementedError(f"__dlpack__ is only supported on host devices, not {self.device.name}")
-    # An unversioned "dltensor" capsule over the device memory; it keeps the array's data alive.
-    return self._host_view()
+    if stream is not None:
+        raise BufferError("__dlpack__: a host device has no streams; pass stream=None")
+    if dl_device is not None and tuple(dl_device) != (1, 0):
+        raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}, only (1, 0) (CPU)")
+    major = 0 if max_version is None else int(max_version[0])
+    return self._export_dlpack(major, copy)
 
 
 def _array_dlpack_device(self: Array) -> tuple[int, int]:

@@ -1,5 +1,9 @@
 #include "src/python/gil.h"
 
+#include <cxxabi.h>
+#include <pthread.h>
+#include <unistd.h>
+
 #include <mutex>
 #include <vector>
 
@@ -8,8 +12,13 @@ namespace {
 
 std::atomic<bool> release_gil{true};
 std::atomic<bool> deferred_release{true};
+std::atomic<uint64_t> fork_generation{0};
+
+void OnForkInChild() { fork_generation.fetch_add(1, std::memory_order_relaxed); }
 
 struct ReleaseQueue {
+  explicit ReleaseQueue(uint64_t generation) : generation(generation) {}
+  const uint64_t generation;
   std::mutex mutex;
   std::vector<PyHeld*> queued;
   std::atomic<size_t> size{0};
@@ -17,8 +26,17 @@ struct ReleaseQueue {
 };
 
 ReleaseQueue& Queue() {
-  // Never destroyed: runtime threads may still queue objects while the interpreter exits.
-  static ReleaseQueue* queue = new ReleaseQueue();
+  // Never destroyed: runtime threads may still queue objects while the interpreter exits. A
+  // forked child gets a new queue: the parent's mutex may have been held by a thread that does
+  // not exist in the child, and what it queued belongs to transfers the child cannot see end.
+  static std::atomic<ReleaseQueue*> current{new ReleaseQueue(0)};
+  ReleaseQueue* queue = current.load(std::memory_order_acquire);
+  const uint64_t generation = ForkGeneration();
+  while (queue->generation != generation) {
+    auto* fresh = new ReleaseQueue(generation);
+    if (current.compare_exchange_strong(queue, fresh, std::memory_order_acq_rel)) return *fresh;
+    delete fresh;  // another thread of the child made one first; `queue` is now that one
+  }
   return *queue;
 }
 
@@ -30,6 +48,10 @@ bool InterpreterFinalizing() {
 #endif
 }
 
+[[noreturn]] void ParkForever() {
+  for (;;) ::pause();
+}
+
 int DrainFromPendingCall(void*) {
   Queue().pending_call_scheduled.store(false);
   DrainReleaseQueue();
@@ -37,6 +59,15 @@ int DrainFromPendingCall(void*) {
 }
 
 }  // namespace
+
+void InstallForkHandler() {
+  static const bool installed = [] {
+    return pthread_atfork(nullptr, nullptr, &OnForkInChild) == 0;
+  }();
+  (void)installed;
+}
+
+uint64_t ForkGeneration() { return fork_generation.load(std::memory_order_relaxed); }
 
 void SetReleaseGil(bool enabled) { release_gil.store(enabled); }
 bool ReleaseGilEnabled() { return release_gil.load(); }
@@ -48,7 +79,19 @@ ScopedGilRelease::ScopedGilRelease(bool wanted) {
 }
 
 ScopedGilRelease::~ScopedGilRelease() {
-  if (saved_ != nullptr) PyEval_RestoreThread(saved_);
+  if (saved_ == nullptr) return;
+  // A thread that wants the GIL back while the interpreter finalises is ended by Python
+  // (pthread_exit in PyEval_RestoreThread), which unwinds this noexcept destructor and so calls
+  // std::terminate (a daemon thread inside a blocking call at exit: rc 134). Such a thread never
+  // returns to Python: it parks here, for good, and the process exits around it (as Python 3.14
+  // does with its own threads). The check below closes the common case; the catch closes the
+  // window between the check and the restore.
+  if (InterpreterFinalizing()) ParkForever();
+  try {
+    PyEval_RestoreThread(saved_);
+  } catch (abi::__forced_unwind&) {
+    ParkForever();  // never leaves the handler, so the unwind is neither finished nor swallowed
+  }
 }
 
 void ReleasePyHeld(PyHeld* held) {

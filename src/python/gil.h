@@ -14,9 +14,20 @@
 #include <Python.h>
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 namespace ferry::python {
+
+// fork(): a child process has none of the parent's threads (the backends' engines, runtime
+// callbacks), so nothing made before the fork can be waited on in the child. Every fork bumps the
+// generation (a pthread_atfork child handler: an atomic increment, async-signal-safe); state made
+// in an older generation is abandoned in the child, never waited on and never destroyed (its
+// destructor could wait for threads that do not exist or take a lock a vanished thread held).
+// Installs the handler once; call at module import.
+void InstallForkHandler();
+// 0 in the process that imported ferry; +1 in a child per fork since.
+uint64_t ForkGeneration();
 
 // Defence switches (tests only). Thread-safe.
 void SetReleaseGil(bool enabled);

@@ -8,13 +8,17 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
 #include "ferry/runtime/sharding.h"
@@ -39,17 +43,91 @@ std::map<int, PyObject*>& ErrorClasses() {
 
 // Backends' clients, created on first use and kept for the life of the process (destroying them
 // at interpreter exit would race with finalisation; the OS reclaims everything).
+//
+// After fork() the child has none of its parent's backend threads: a registry belongs to one
+// fork generation (gil.h), and a child abandons its parent's (never destroyed, never waited on)
+// and starts its own. The host backend is simply made again in the child. A backend that
+// wraps a vendor runtime (OpenCL) cannot be: the runtime's own threads and state did not survive
+// the fork, so such a backend, once started before a fork, is refused in the child with an error
+// that says so (instead of a hang in the vendor's library).
+struct ClientRegistry {
+  explicit ClientRegistry(uint64_t generation) : generation(generation) {}
+  const uint64_t generation;
+  std::mutex mutex;  // guards clients and inherited
+  std::map<std::string, std::unique_ptr<Client>, std::less<>> clients;
+  std::set<std::string, std::less<>> inherited;  // started before a fork in an ancestor
+};
+
+// Backends started in this process or an ancestor, for the child to know what it inherited.
+// Written only with the registry's mutex held, read by a fork child after the fork (no other
+// thread exists then): a fixed array of flags, so that a fork in the middle of an update never
+// leaves a half-built container behind.
+constexpr size_t kMaxBackends = 16;
+std::array<std::atomic<bool>, kMaxBackends> started_backends{};
+
+size_t BackendSlot(std::string_view backend) {
+  const std::vector<std::string> names = RegisteredBackends();
+  for (size_t i = 0; i < names.size() && i < kMaxBackends; ++i) {
+    if (names[i] == backend) return i;
+  }
+  return kMaxBackends;
+}
+
+ClientRegistry& Registry() {
+  static std::atomic<ClientRegistry*> current{new ClientRegistry(0)};
+  ClientRegistry* registry = current.load(std::memory_order_acquire);
+  const uint64_t generation = ForkGeneration();
+  while (registry->generation != generation) {
+    auto* fresh = new ClientRegistry(generation);
+    const std::vector<std::string> names = RegisteredBackends();
+    for (size_t i = 0; i < names.size() && i < kMaxBackends; ++i) {
+      if (started_backends[i].load() && names[i] != "host") fresh->inherited.insert(names[i]);
+    }
+    if (current.compare_exchange_strong(registry, fresh, std::memory_order_acq_rel)) return *fresh;
+    delete fresh;
+  }
+  return *registry;
+}
+
 Client* GetClient(const std::string& backend) {
-  static std::mutex mutex;
-  static auto* clients = new std::map<std::string, std::unique_ptr<Client>, std::less<>>();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = clients->find(backend);
-  if (it == clients->end()) {
+  ClientRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  auto it = registry.clients.find(backend);
+  if (it == registry.clients.end()) {
+    if (registry.inherited.contains(backend)) {
+      throw StatusError{FailedPreconditionError(fmt::format(
+          "the {} backend was started before this process was forked, and its runtime does not "
+          "survive fork(): use it in a process started with the 'spawn' or 'forkserver' method, "
+          "or start it only after the fork",
+          backend))};
+    }
     std::unique_ptr<Client> client = ValueOrThrow(CreateClient(backend));
-    it = clients->emplace(backend, std::move(client)).first;
+    if (const size_t slot = BackendSlot(backend); slot < kMaxBackends) {
+      started_backends[slot].store(true);
+    }
+    it = registry.clients.emplace(backend, std::move(client)).first;
   }
   return it->second.get();
 }
+
+// Raises FailedPrecondition unless `device` belongs to a client of this process (not one
+// abandoned at a fork).
+void CheckDeviceUsable(const Device* device) {
+  if (device == nullptr) return;
+  ClientRegistry& registry = Registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  for (const auto& [name, client] : registry.clients) {
+    if (client.get() == device->client()) return;
+  }
+  throw StatusError{FailedPreconditionError(
+      fmt::format("device {} was opened before this process was forked; a forked child must "
+                  "look its devices up again (ferry.device(\"{}\"))",
+                  device->name(), device->name()))};
+}
+
+constexpr std::string_view kForkedArray =
+    "the array was made before this process was forked, and ferry's devices do not survive "
+    "fork(): put the data again in the child";
 
 Device* DeviceByName(const std::string& name) {
   const size_t colon = name.find(':');
@@ -89,10 +167,20 @@ class Array {
  public:
   explicit Array(DataPtr data) : data_(std::move(data)) {}
   explicit Array(ShardedDataPtr sharded) : sharded_(std::move(sharded)) {}
+  Array(const Array&) = default;
+  Array(Array&&) = default;
+  Array& operator=(const Array&) = default;
+  Array& operator=(Array&&) = default;
+  ~Array() {
+    if (generation_ != ForkGeneration()) Abandon();
+  }
 
   bool is_deleted() const { return data_ == nullptr && sharded_ == nullptr; }
   void CheckAlive() const {
     if (is_deleted()) throw StatusError{FailedPreconditionError("the array has been deleted")};
+    if (generation_ != ForkGeneration()) {
+      throw StatusError{FailedPreconditionError(std::string(kForkedArray))};
+    }
   }
   // The single handle of an unsharded array (the first shard's, for a sharded one).
   const DataPtr& data() const {
@@ -140,30 +228,64 @@ class Array {
     ThrowIfError(status);
   }
   void Delete() {
+    if (generation_ != ForkGeneration()) Abandon();
     data_.reset();
     sharded_.reset();
   }
-  // A read-only, zero-copy view of the device data (host-accessible devices only), keeping the
-  // array's data alive.
-  nb::object host_view() const {
+  // The device data as a DLPack capsule (host-accessible devices only), keeping the array's data
+  // alive. `max_version_major` >= 1: the consumer takes versioned capsules, which can say
+  // READ_ONLY. Zero-copy, except over read-only memory (an alias of a read-only source): that is
+  // copied unless the consumer insists on no copy (`copy=False`) and takes a versioned capsule,
+  // which then carries READ_ONLY. Some consumers that ask for versioned capsules ignore the flag
+  // (torch 2.13 makes a writable tensor of it), so without that insistence a copy is the only
+  // export that cannot be written through.
+  nb::object ExportDLPack(int max_version_major, std::optional<bool> copy) const {
     if (sharded_) {
       throw StatusError{UnimplementedError("DLPack export of a sharded array: use local_shards()")};
     }
     DataPtr data_ref = data();
     block_until_ready();
     HostView view = ValueOrThrow(data_ref->buffer().HostAccessibleView());
-    auto* keep = new DataPtr(data_ref);
-    nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<DataPtr*>(p); });
-    std::vector<size_t> shape(view.dims.begin(), view.dims.end());
-    const DTypeInfo& info = GetDTypeInfo(view.dtype);
-    nb::ndarray<nb::ro> array(view.data, shape.size(), shape.data(), owner, nullptr,
-                              nb::dlpack::dtype{info.dlpack_code, info.dlpack_bits, 1});
-    return nb::cast(array, nb::rv_policy::reference);
+    DLPackExport how;
+    how.versioned = max_version_major >= 1;
+    // Only an alias of read-only memory is read-only; the device's own memory is the array's.
+    how.read_only = read_only_alias_ && data_ref->buffer().is_alias();
+    const bool must_copy = copy.value_or(how.read_only);
+    if (!must_copy) {
+      if (how.read_only && !how.versioned) {
+        PyErr_SetString(PyExc_BufferError,
+                        "__dlpack__(copy=False): the array aliases read-only memory, which an "
+                        "unversioned DLPack capsule cannot mark read-only; pass max_version=(1, 0) "
+                        "or allow a copy");
+        throw nb::python_error();
+      }
+      return DLPackCapsule(view, std::shared_ptr<const void>(data_ref), how);
+    }
+    auto copied =
+        std::make_shared<HostTensor>(ValueOrThrow(HostTensor::Allocate(view.dtype, view.dims)));
+    {
+      ScopedGilRelease unlocked(view.dense_size_bytes() > (int64_t{256} << 10));
+      ThrowIfError(CopyConvert(view, copied->mutable_view()));
+    }
+    how.read_only = false;  // the copy is the consumer's
+    how.copied = true;
+    HostView copied_view = copied->view();
+    return DLPackCapsule(copied_view, std::shared_ptr<const void>(copied), how);
   }
+  void set_read_only_alias(bool read_only) { read_only_alias_ = read_only; }
 
  private:
+  // In a forked child, the parent's handles are let go of without their destructors, which may
+  // wait for the parent's engine threads.
+  void Abandon() {
+    if (data_) new DataPtr(std::move(data_));
+    if (sharded_) new ShardedDataPtr(std::move(sharded_));
+  }
+
   DataPtr data_;
   ShardedDataPtr sharded_;
+  uint64_t generation_ = ForkGeneration();
+  bool read_only_alias_ = false;  // made with zero_copy from read-only memory
 };
 
 nb::list IndexToPython(const ShardIndex& index) {
@@ -203,7 +325,8 @@ TransferToDeviceOptions MakeOptions(const std::string& semantics, size_t count,
 
 std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
     const std::vector<nb::object>& objects,
-    const std::vector<std::optional<std::string>>& dtype_overrides, std::string_view what) {
+    const std::vector<std::optional<std::string>>& dtype_overrides, std::string_view what,
+    std::vector<bool>* read_only = nullptr) {
   std::vector<std::shared_ptr<const TensorSource>> sources;
   sources.reserve(objects.size());
   for (size_t i = 0; i < objects.size(); ++i) {
@@ -212,7 +335,10 @@ std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
       override_dtype = ParseDType(*dtype_overrides[i]);
     }
     std::string name = objects.size() == 1 ? std::string(what) : fmt::format("{} {}", what, i);
-    sources.push_back(ValueOrThrow(SourceFromPython(objects[i], override_dtype, std::move(name))));
+    bool source_read_only = false;
+    sources.push_back(ValueOrThrow(
+        SourceFromPython(objects[i], override_dtype, std::move(name), &source_read_only)));
+    if (read_only != nullptr) read_only->push_back(source_read_only);
   }
   return sources;
 }
@@ -233,6 +359,7 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
                  const Sharding& sharding, std::optional<std::string> device_dtype,
                  const std::string& semantics) {
   ApiScope api;
+  for (const Device* device : sharding.mesh().devices()) CheckDeviceUsable(device);
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
   StatusOr<ShardedDataPtr> data;
@@ -249,6 +376,7 @@ Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding
                      const std::vector<std::optional<std::string>>& dtype_overrides,
                      std::optional<std::string> device_dtype, const std::string& semantics) {
   ApiScope api;
+  for (const Device* device : sharding.mesh().devices()) CheckDeviceUsable(device);
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
   auto sources = SourcesFromPython(objects, dtype_overrides, "shard");
   StatusOr<ShardedDataPtr> data;
@@ -266,8 +394,10 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
                        const std::string& semantics_name) {
   ApiScope api;
   if (device == nullptr) device = DeviceByName("host:0");
+  CheckDeviceUsable(device);
   TransferToDeviceOptions options = MakeOptions(semantics_name, objects.size(), device_dtype);
-  auto sources = SourcesFromPython(objects, dtype_overrides, "array");
+  std::vector<bool> read_only;
+  auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
   const int64_t total_bytes = TotalBytes(sources);
   StatusOr<std::vector<DataPtr>> data;
   {
@@ -278,7 +408,10 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
   std::vector<DataPtr> handles = ValueOrThrow(std::move(data));
   std::vector<Array> arrays;
   arrays.reserve(handles.size());
-  for (DataPtr& handle : handles) arrays.emplace_back(std::move(handle));
+  for (size_t i = 0; i < handles.size(); ++i) {
+    arrays.emplace_back(std::move(handles[i]));
+    arrays.back().set_read_only_alias(read_only[i]);
+  }
   return arrays;
 }
 
@@ -345,6 +478,7 @@ std::vector<Device*> Devices(std::optional<std::string> backend) {
 
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry's C++ core; use the `ferry` package.";
+  InstallForkHandler();
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -389,7 +523,8 @@ NB_MODULE(_ferry, m) {
       .def("is_ready", &Array::is_ready)
       .def("_block_until_ready", &Array::block_until_ready)
       .def("delete", &Array::Delete)
-      .def("_host_view", &Array::host_view)
+      .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
+           nb::arg("copy").none())
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference)
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
       .def("_local_shards", &LocalShardsOf);
@@ -398,6 +533,7 @@ NB_MODULE(_ferry, m) {
       .def("__init__",
            [](Mesh* self, std::vector<Device*> devices, std::vector<int64_t> shape,
               std::vector<std::string> axis_names) {
+             for (const Device* device : devices) CheckDeviceUsable(device);
              new (self) Mesh(ValueOrThrow(
                  Mesh::Create(std::move(devices), std::move(shape), std::move(axis_names))));
            })

@@ -1,5 +1,7 @@
 #include "src/python/numpy_arrays.h"
 
+#include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "fmt/format.h"
@@ -52,6 +54,133 @@ nb::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source) {
   nb::ndarray<nb::numpy, nb::ro> array(data, shape.size(), shape.data(), owner, strides.data(),
                                        dtype);
   return nb::cast(array, nb::rv_policy::reference);
+}
+
+}  // namespace ferry::python
+
+namespace ferry::python {
+namespace {
+
+// The DLPack 1.x ABI (dlpack.h; Debian's copy predates the versioned struct), declared here for
+// the one struct ferry hands out.
+namespace dl {
+struct PackVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+struct Device {
+  int32_t device_type;  // kDLCPU = 1
+  int32_t device_id;
+};
+struct DataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct Tensor {
+  void* data;
+  Device device;
+  int32_t ndim;
+  DataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // in elements
+  uint64_t byte_offset;
+};
+struct ManagedTensorVersioned {
+  PackVersion version;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensorVersioned* self);
+  uint64_t flags;
+  Tensor dl_tensor;
+};
+struct ManagedTensor {
+  Tensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensor* self);
+};
+constexpr uint64_t kFlagReadOnly = uint64_t{1} << 0;
+constexpr uint64_t kFlagIsCopied = uint64_t{1} << 1;
+constexpr int32_t kDeviceCpu = 1;
+}  // namespace dl
+
+// What a capsule owns: the struct handed out, its shape and strides, and the memory's owner.
+template <typename Managed>
+struct ExportedTensor {
+  Managed managed{};
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+  std::shared_ptr<const void> owner;
+};
+
+template <typename Managed>
+void DeleteExported(Managed* managed) {
+  delete static_cast<ExportedTensor<Managed>*>(managed->manager_ctx);
+}
+
+// A capsule that nobody consumed still owns its tensor (a consumer renames the capsule to
+// "used_..." and calls the deleter itself).
+template <typename Managed>
+void CapsuleDestructor(PyObject* capsule, const char* name) {
+  if (!PyCapsule_IsValid(capsule, name)) return;
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
+  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+}
+
+template <typename Managed>
+nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, uint64_t flags,
+                       const char* name, PyCapsule_Destructor destructor) {
+  const int64_t element_size = view.element_size();
+  auto exported = std::make_unique<ExportedTensor<Managed>>();
+  exported->shape.assign(view.dims.begin(), view.dims.end());
+  for (int64_t byte_stride : view.byte_strides) {
+    if (byte_stride % element_size != 0) {
+      throw StatusError{InvalidArgumentError(
+          fmt::format("DLPack export: byte stride {} is not a multiple of the element size {}",
+                      byte_stride, element_size))};
+    }
+    exported->strides.push_back(byte_stride / element_size);
+  }
+  exported->owner = std::move(owner);
+  const DTypeInfo& info = GetDTypeInfo(view.dtype);
+  Managed& managed = exported->managed;
+  dl::Tensor& tensor = managed.dl_tensor;
+  tensor.data = const_cast<void*>(view.data);
+  tensor.device = {dl::kDeviceCpu, 0};
+  tensor.ndim = static_cast<int32_t>(exported->shape.size());
+  tensor.dtype = {info.dlpack_code, info.dlpack_bits, 1};
+  tensor.shape = exported->shape.data();
+  tensor.strides = exported->strides.data();
+  tensor.byte_offset = 0;
+  managed.manager_ctx = exported.get();
+  managed.deleter = &DeleteExported<Managed>;
+  if constexpr (std::is_same_v<Managed, dl::ManagedTensorVersioned>) {
+    managed.version = {1, 0};
+    managed.flags = flags;
+  }
+  PyObject* capsule = PyCapsule_New(&managed, name, destructor);
+  if (capsule == nullptr) throw nb::python_error();
+  exported.release();  // owned by the capsule (or, once consumed, by the consumer) from here
+  return nb::steal(capsule);
+}
+
+}  // namespace
+
+nb::object DLPackCapsule(const HostView& view, std::shared_ptr<const void> owner,
+                         const DLPackExport& how) {
+  if (how.versioned) {
+    const uint64_t flags =
+        (how.read_only ? dl::kFlagReadOnly : 0) | (how.copied ? dl::kFlagIsCopied : 0);
+    return MakeCapsule<dl::ManagedTensorVersioned>(
+        view, std::move(owner), flags, "dltensor_versioned", [](PyObject* capsule) {
+          CapsuleDestructor<dl::ManagedTensorVersioned>(capsule, "dltensor_versioned");
+        });
+  }
+  if (how.read_only) {
+    throw StatusError{InternalError("an unversioned DLPack capsule cannot be read-only")};
+  }
+  return MakeCapsule<dl::ManagedTensor>(view, std::move(owner), 0, "dltensor", [](PyObject* c) {
+    CapsuleDestructor<dl::ManagedTensor>(c, "dltensor");
+  });
 }
 
 }  // namespace ferry::python

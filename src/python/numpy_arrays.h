@@ -28,4 +28,22 @@ nanobind::object ToNumpy(HostTensor tensor);
 // stays valid until the array and every view of it are gone.
 nanobind::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source);
 
+// How a ferry Array's memory is handed to a DLPack consumer (`Array.__dlpack__`).
+struct DLPackExport {
+  // Whether the consumer accepts a versioned capsule ("dltensor_versioned", DLPack >= 1.0),
+  // which can say READ_ONLY; an unversioned one ("dltensor") cannot.
+  bool versioned = false;
+  // The memory must not be written by the consumer (a versioned capsule carries the READ_ONLY
+  // flag; an unversioned capsule is never made over such memory: the caller exports a copy).
+  bool read_only = false;
+  // The capsule views a copy made for this export (the IS_COPIED flag of a versioned capsule).
+  bool copied = false;
+};
+
+// A DLPack capsule over `view` (CPU memory; strides multiples of the element size). `owner` is
+// held until the consumer calls the capsule's deleter (on any thread: it must not need the GIL),
+// or the capsule is destroyed unused.
+nanobind::object DLPackCapsule(const HostView& view, std::shared_ptr<const void> owner,
+                               const DLPackExport& how);
+
 }  // namespace ferry::python

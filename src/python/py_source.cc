@@ -102,13 +102,14 @@ StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize,
 
 StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object,
                                                                std::optional<DType> dtype_override,
-                                                               std::string name) {
+                                                               std::string name, bool* read_only) {
   // Buffer protocol first: numpy arrays and every other buffer, with real byte strides.
   if (PyObject_CheckBuffer(object.ptr())) {
     auto held = std::make_unique<HeldBuffer>();
     if (PyObject_GetBuffer(object.ptr(), &held->view, PyBUF_RECORDS_RO) == 0) {
       held->acquired = true;
       const Py_buffer& buffer = held->view;
+      if (read_only != nullptr) *read_only = buffer.readonly != 0;
       bool big_endian = false;
       FERRY_ASSIGN_OR_RETURN(DType dtype, DTypeFromBufferFormat(buffer.format ? buffer.format : "B",
                                                                 buffer.itemsize, &big_endian));
@@ -129,6 +130,11 @@ StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object
     return InvalidArgumentError(
         fmt::format("tensor '{}': a {} is neither a buffer nor a CPU DLPack tensor", name,
                     nb::type_name(object.type()).c_str()));
+  }
+  if (read_only != nullptr) {
+    const nb::object module = nb::getattr(object.type(), "__module__", nb::none());
+    *read_only = !(nb::isinstance<nb::str>(module) &&
+                   std::string_view(nb::str(module).c_str()).starts_with("torch"));
   }
   const nb::dlpack::dtype dl = array.dtype();
   FERRY_ASSIGN_OR_RETURN(DType dtype, DTypeFromDLPack(dl.code, dl.bits, dl.lanes));

@@ -18,9 +18,14 @@ namespace ferry::python {
 
 // Requires the GIL. `dtype_override` reinterprets the elements (same size) as another dtype:
 // the Python layer passes a uint16 view of an ml_dtypes.bfloat16 array with kBF16, for example.
+// `read_only` (optional) is set when the memory must not be written through an alias of it: a
+// read-only buffer (a numpy view of a mapped file, a numpy array with writeable=False) or a
+// DLPack producer other than torch (whose unversioned capsules cannot say; JAX arrays are
+// immutable).
 StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nanobind::handle object,
                                                                std::optional<DType> dtype_override,
-                                                               std::string name);
+                                                               std::string name,
+                                                               bool* read_only = nullptr);
 
 // The dtype of a Python buffer-protocol format string ("f", "<d", "Zf", "?", ">i4"), or
 // InvalidArgument. `big_endian` (optional) is set when the format says '>' or '!' (ferry reads
