@@ -49,6 +49,11 @@ struct PreparedCase {
   int64_t halving_floor_bytes = 0;
   // Whether the case gets vs_raw_clwrite when raw_clwrite ran before it (h2d dense and converts).
   bool compare_to_raw_clwrite = false;
+  // On a pjrt device: the plugin's own way to the same result (pjrt_paths.h), timed in turns with
+  // the memcpy and staged yardsticks, for vs_raw_pjrt; `raw_pjrt_method` says what it does. Null
+  // elsewhere, and for the cases the plugin has no own path for.
+  std::unique_ptr<Path> raw_pjrt;
+  std::string raw_pjrt_method;
   Json details = Json::object();
   // Called once after the timed runs (and after the memcpy yardstick's buffers are freed) with
   // the case's JSON row, `seconds_median` already set, and its notes (AddNote): for comparisons

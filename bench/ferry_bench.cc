@@ -10,7 +10,9 @@
 //   staged  the old path, written out in transfer_paths.cc: a full-size contiguous temporary,
 //           freshly allocated, filled row by row by the portable kernel on one thread, then a
 //           dense same-dtype transfer;
-//   floor   for the converting cases that halve their bytes, the floor pass of floor_pass.h.
+//   floor   for the converting cases that halve their bytes, the floor pass of floor_pass.h;
+//   plugin  on a pjrt device, the PJRT plugin's own path to the same result (pjrt_paths.h), timed
+//           in turn with memcpy and staged (vs_raw_pjrt).
 // See bench/README.md for the cases and the columns.
 #include <sys/resource.h>
 #include <unistd.h>
@@ -185,7 +187,8 @@ StatusOr<Sample> MeasureOnce(Path& path, absl::Span<Device* const> device, bool 
   sample.seconds = std::chrono::duration<double>(stop - start).count();
   if (account_heap) {
     StopHeapAccounting();
-    const int64_t device_added = DeviceBytesInUse(device) - device_before;
+    const int64_t device_added =
+        DeviceBytesInUse(device) - device_before + path.ResultUncountedDeviceBytes();
     sample.peak_extra_bytes =
         std::max<int64_t>(0, PeakHeapBytes() - device_added - path.ResultHostBytes());
     sample.retained_extra_bytes = std::clamp<int64_t>(
@@ -305,6 +308,21 @@ Status WarmUpAndVerify(PreparedCase& prepared, absl::Span<Device* const> device)
       FERRY_RETURN_IF_ERROR(SpotCheck(*prepared.unconverted_sources[i], got[i]));
     }
   }
+  // The plugin's own path must make the same bytes too, or its time compares with nothing.
+  if (prepared.raw_pjrt != nullptr) {
+    FERRY_RETURN_IF_ERROR(prepared.raw_pjrt->Run());
+    FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> plugin, prepared.raw_pjrt->TakeResultsOnHost());
+    prepared.raw_pjrt->Release();
+    if (plugin.size() != want.size()) return InternalError("the plugin made a different count");
+    for (size_t i = 0; i < plugin.size(); ++i) {
+      if (plugin[i].dtype() != want[i].dtype() || plugin[i].dims() != want[i].dims() ||
+          std::memcmp(plugin[i].data(), want[i].data(),
+                      static_cast<size_t>(plugin[i].size_bytes())) != 0) {
+        return InternalError(fmt::format(
+            "tensor {}: the plugin's own path made other bytes than the staged path", i));
+      }
+    }
+  }
   return OkStatus();
 }
 
@@ -362,7 +380,7 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   }
 
   std::vector<double> memcpy_seconds, memcpy_fresh_seconds, copy_peak_seconds, ferry_seconds,
-      staged_seconds, floor_seconds;
+      staged_seconds, floor_seconds, raw_pjrt_seconds;
   int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
   // Ferry, its floor pass and its peers take turns, so that a drift of the machine's memory
   // bandwidth (it has phases minutes long here) reaches them alike.
@@ -404,6 +422,11 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
       FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
                                                         /*account_heap=*/false));
       staged_seconds.push_back(staged.seconds);
+    }
+    if (prepared.raw_pjrt != nullptr) {
+      FERRY_ASSIGN_OR_RETURN(Sample plugin, MeasureOnce(*prepared.raw_pjrt, prepared.devices,
+                                                        /*account_heap=*/false));
+      raw_pjrt_seconds.push_back(plugin.seconds);
     }
   }
   // The peaks come from one more run of each path with the host memory cache emptied first: a
@@ -471,6 +494,16 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
         *raw_clwrite_seconds_per_byte * static_cast<double>(prepared.bytes) / seconds;
     json["vs_raw_clwrite"] = vs_raw;
     add_note(fmt::format("vs raw clWrite {:.2f}x", vs_raw));
+  }
+  if (prepared.raw_pjrt != nullptr) {
+    // The plugin's own path to the same result, timed in the same turns as memcpy and staged.
+    const double raw_pjrt_median = Median(raw_pjrt_seconds);
+    json["vs_raw_pjrt"] = raw_pjrt_median / seconds;
+    json["raw_pjrt_seconds_median"] = raw_pjrt_median;
+    json["raw_pjrt_seconds_all"] = raw_pjrt_seconds;
+    json["raw_pjrt_method"] = prepared.raw_pjrt_method;
+    add_note(fmt::format("vs raw pjrt {:.2f}x ({})", raw_pjrt_median / seconds,
+                         FormatSeconds(raw_pjrt_median)));
   }
   if (floor.has_value()) {
     std::string note =
@@ -690,9 +723,17 @@ int RunBench(int argc, char** argv) {
   }
   ClientOptions client_options;
   client_options.num_worker_threads = workers;
-  // The host backend presents as many devices as asked: enough for the sharded cases' mesh.
-  if (backend == "host") client_options.num_devices = std::max(kMeshDevices, device_index + 1);
+  // The host backend presents as many devices as asked: enough for the sharded cases' mesh. So
+  // do CPU PJRT plugins (cpu_device_count); a plugin that refuses the option starts with its own
+  // devices.
+  if (backend == "host" || backend == "pjrt") {
+    client_options.num_devices = std::max(kMeshDevices, device_index + 1);
+  }
   StatusOr<std::unique_ptr<Client>> client = CreateClient(backend, client_options);
+  if (!client.ok() && backend == "pjrt") {
+    client_options.num_devices.reset();
+    client = CreateClient(backend, client_options);
+  }
   if (!client.ok()) {
     fmt::print(stderr, "ferry-bench: cannot start backend '{}': {}\n", backend,
                client.status().ToString());

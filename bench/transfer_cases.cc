@@ -17,6 +17,7 @@
 #include "ferry/runtime/transfer.h"
 #include "file_put_cases.h"
 #include "fmt/format.h"
+#include "pjrt_paths.h"
 #include "src/device/opencl/opencl_client.h"
 #include "transfer_paths.h"
 
@@ -68,6 +69,10 @@ StatusOr<std::shared_ptr<const TensorSource>> BorrowView(std::shared_ptr<HostTen
                               name);
 }
 
+// What vs_raw_pjrt compares a converting put with (pjrt_paths.h).
+constexpr char kPjrtAstypePut[] =
+    "astype (the old copy-convert into a fresh temporary) + BufferFromHostBuffer";
+
 // An h2d case over `sources`; `device_dtype` nullopt lets the device profile choose.
 StatusOr<PreparedCase> MakeH2DCase(std::vector<std::shared_ptr<const TensorSource>> sources,
                                    std::optional<DType> device_dtype, const CaseContext& context) {
@@ -90,6 +95,16 @@ StatusOr<PreparedCase> MakeH2DCase(std::vector<std::shared_ptr<const TensorSourc
   prepared.details["source_byte_strides"] = DimsOf(first.byte_strides);
   prepared.details["semantics"] = std::string(HostBufferSemanticsName(kBenchSemantics));
   if (!device_dtype.has_value()) prepared.unconverted_sources = sources;
+  if (IsPjrtDevice(context.device)) {
+    FERRY_ASSIGN_OR_RETURN(
+        prepared.raw_pjrt,
+        MakePjrtPutPath(sources, std::vector<Device*>(sources.size(), context.device),
+                        staged_dtypes));
+    prepared.raw_pjrt_method =
+        device_dtype.has_value() && *device_dtype != first.dtype
+            ? kPjrtAstypePut
+            : "BufferFromHostBuffer with the source's byte strides (none when dense)";
+  }
   prepared.ferry = MakeH2DFerryPath(sources, context.device, options);
   prepared.staged = MakeH2DStagedPath(std::move(sources), context.device, std::move(staged_dtypes));
   return prepared;
@@ -173,6 +188,13 @@ StatusOr<PreparedCase> PrepareD2H(const CaseContext& context, int64_t full_count
   prepared.details["host_dtype"] = std::string(DTypeName(DType::kF32));
   prepared.details["dims"] = std::vector<int64_t>{count};
   prepared.details["host_bytes"] = count * DTypeSize(DType::kF32);
+  if (IsPjrtDevice(context.device)) {
+    FERRY_ASSIGN_OR_RETURN(prepared.raw_pjrt, MakePjrtReadPath(data));
+    prepared.raw_pjrt_method = device_dtype == DType::kF32
+                                   ? "ToHostBuffer into a reused destination"
+                                   : "ToHostBuffer into a reused destination + astype (the old "
+                                     "copy-convert into a fresh temporary)";
+  }
   prepared.ferry = MakeD2HFerryPath(data);
   prepared.staged = MakeD2HStagedPath(std::move(data));
   return prepared;
@@ -229,6 +251,15 @@ StatusOr<PreparedCase> PrepareH2DSharded(const CaseContext& context) {
                              setup.source, fmt::format("sharded[shard {}]", i)));
     prepared.unconverted_sources.push_back(std::move(shard));
   }
+  if (IsPjrtDevice(context.device)) {
+    // Each shard handed to the plugin with its byte strides, on its mesh device, in mesh order.
+    FERRY_ASSIGN_OR_RETURN(
+        prepared.raw_pjrt,
+        MakePjrtPutPath(prepared.unconverted_sources, context.mesh_devices,
+                        std::vector<DType>(prepared.unconverted_sources.size(), view.dtype)));
+    prepared.raw_pjrt_method =
+        "BufferFromHostBuffer of each shard with its byte strides onto its device";
+  }
   prepared.ferry = MakeShardedH2DFerryPath(setup.source, setup.sharding);
   prepared.staged = MakeShardedH2DStagedPath(std::move(setup.source), std::move(setup.sharding));
   return prepared;
@@ -273,6 +304,31 @@ StatusOr<PreparedCase> PrepareRawClWrite(const CaseContext& context) {
   return prepared;
 }
 
+StatusOr<PreparedCase> PrepareRawPjrtPut(const CaseContext& context) {
+  if (!IsPjrtDevice(context.device)) {
+    return Skipped(
+        fmt::format("needs a pjrt device (--device pjrt:N), not {}", context.device->name()));
+  }
+  const int64_t count = ScaledCount(256 * kMiB / 4, context.scale, 64);
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {count}, 1));
+  std::shared_ptr<const TensorSource> source =
+      TensorSource::FromHostTensor(std::move(tensor), "raw_pjrt_put");
+  PreparedCase prepared;
+  prepared.bytes = count * 4;
+  prepared.details["dims"] = std::vector<int64_t>{count};
+  prepared.details["source_dtype"] = std::string(DTypeName(DType::kF32));
+  prepared.details["device_dtype"] = std::string(DTypeName(DType::kF32));
+  prepared.details["semantics"] = std::string(HostBufferSemanticsName(kBenchSemantics));
+  prepared.details["call"] =
+      "PJRT_Client_BufferFromHostBuffer, dense, kImmutableOnlyDuringCall; done_with_host_buffer "
+      "and ReadyEvent awaited; the buffer destroyed after each timed run";
+  prepared.no_staged_note = "no staged path: the plugin's own put";
+  FERRY_ASSIGN_OR_RETURN(prepared.ferry,
+                         MakePjrtPutPath({source}, {context.device}, {DType::kF32}));
+  prepared.unconverted_sources = {std::move(source)};
+  return prepared;
+}
+
 }  // namespace
 
 std::vector<CaseDefinition> AllCases() {
@@ -280,6 +336,9 @@ std::vector<CaseDefinition> AllCases() {
       // First, so that the h2d cases after it in the same run get vs_raw_clwrite.
       {"raw_clwrite", "opencl only: 256 MiB, one blocking clEnqueueWriteBuffer (the ceiling)",
        PrepareRawClWrite},
+      {"raw_pjrt_put",
+       "pjrt only: 256 MiB f32, the plugin's own BufferFromHostBuffer (the yardstick)",
+       PrepareRawPjrtPut},
       {"h2d_contiguous", "256 MiB f32, dense",
        [](const CaseContext& c) { return PrepareH2DDense(c, DType::kF32, std::nullopt, "dense"); }},
       {"h2d_transposed", "4096x4096 f32 through a transpose (byte strides swapped)",

@@ -9,8 +9,9 @@
 namespace ferry::bench {
 
 // Every case of ferry-bench in the order it runs (the file cases included, last): raw_clwrite
-// first, so that the h2d cases after it in the same run get vs_raw_clwrite. bench/README.md
-// describes each.
+// first, so that the h2d cases after it in the same run get vs_raw_clwrite, then raw_pjrt_put.
+// On a pjrt device the cases the plugin has an own path for carry it (PreparedCase::raw_pjrt).
+// bench/README.md describes each.
 std::vector<CaseDefinition> AllCases();
 
 }  // namespace ferry::bench

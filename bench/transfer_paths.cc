@@ -1,16 +1,12 @@
 #include "transfer_paths.h"
 
-#include <sys/mman.h>
-
-#include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <utility>
 
-#include "ferry/core/copy_convert.h"
 #include "fmt/format.h"
+#include "old_copy.h"
 #include "src/device/opencl/opencl_client.h"
 #include "src/device/opencl/opencl_status.h"
 
@@ -38,82 +34,6 @@ class H2DFerryPath : public Path {
   const TransferToDeviceOptions options_;
   std::vector<DataPtr> handles_;
 };
-
-// The old path's temporary: plain heap memory (std::aligned_alloc, 2 MiB-aligned and advised
-// MADV_HUGEPAGE from 2 MiB on, as numpy does for its large arrays), allocated and freed every run.
-// Not a HostTensor: ferry's freed-memory cache would hand back last run's pages already faulted in,
-// and the old path had no such cache. glibc maps a block this large afresh every time, so its
-// pages are zeroed by the kernel on first touch, as for any new array a framework allocates.
-class OldTemporary {
- public:
-  static StatusOr<OldTemporary> Allocate(DType dtype, absl::Span<const int64_t> dims) {
-    constexpr size_t kHugePage = size_t{2} << 20;
-    OldTemporary temporary;
-    const int64_t elements = HostView::Dense(nullptr, dtype, dims).num_elements();
-    const auto bytes = static_cast<size_t>(elements * DTypeSize(dtype));
-    const size_t alignment = bytes >= kHugePage ? kHugePage : 64;
-    const size_t rounded = (std::max<size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-    temporary.memory_.reset(static_cast<std::byte*>(std::aligned_alloc(alignment, rounded)));
-    if (temporary.memory_ == nullptr) {
-      return ResourceExhaustedError(fmt::format("no memory for a {}-byte temporary", bytes));
-    }
-    if (alignment == kHugePage) madvise(temporary.memory_.get(), rounded, MADV_HUGEPAGE);
-    temporary.view_ = MutableHostView::Dense(temporary.memory_.get(), dtype, dims);
-    temporary.bytes_ = static_cast<int64_t>(rounded);
-    return temporary;
-  }
-
-  const MutableHostView& view() const { return view_; }
-
-  // A source borrowing the temporary, which it then owns (freed with the source).
-  static StatusOr<std::shared_ptr<const TensorSource>> ToSource(OldTemporary temporary,
-                                                                std::string name) {
-    const std::byte* begin = temporary.memory_.get();
-    const int64_t size = temporary.bytes_;
-    const HostView view = temporary.view_;
-    auto owner = std::make_shared<OldTemporary>(std::move(temporary));
-    return TensorSource::Borrow(view, begin, size, std::move(owner), std::move(name));
-  }
-
- private:
-  struct Free {
-    void operator()(std::byte* memory) const { std::free(memory); }
-  };
-  std::unique_ptr<std::byte[], Free> memory_;
-  MutableHostView view_;
-  int64_t bytes_ = 0;
-};
-
-// The old copy-convert, as the foundation's CopyConvert did it and as numpy's copy loops do: the
-// destination in row-major order, one innermost row at a time through the portable kernel, which
-// reads the source with its own strides. No tiles, no vector kernels, one thread.
-Status OldCopyConvert(const HostView& src, const MutableHostView& dst) {
-  FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel,
-                         GetConvertKernel(src.dtype, dst.dtype, ConvertKernelLevel::kPortable));
-  const int64_t elements = src.num_elements();
-  if (elements == 0) return OkStatus();
-  const size_t rank = src.dims.size();
-  if (rank == 0) {
-    kernel(static_cast<const std::byte*>(src.data), 0, static_cast<std::byte*>(dst.data), 0, 1);
-    return OkStatus();
-  }
-  const int64_t row = src.dims[rank - 1];
-  std::vector<int64_t> index(rank, 0);
-  int64_t src_offset = 0, dst_offset = 0;
-  for (int64_t done = 0; done < elements; done += row) {
-    kernel(static_cast<const std::byte*>(src.data) + src_offset, src.byte_strides[rank - 1],
-           static_cast<std::byte*>(dst.data) + dst_offset, dst.byte_strides[rank - 1], row);
-    for (size_t d = rank - 1; d-- > 0;) {  // the odometer over the outer dims
-      src_offset += src.byte_strides[d];
-      dst_offset += dst.byte_strides[d];
-      if (++index[d] < src.dims[d]) break;
-      src_offset -= src.dims[d] * src.byte_strides[d];
-      dst_offset -= src.dims[d] * dst.byte_strides[d];
-      index[d] = 0;
-    }
-  }
-  return OkStatus();
-}
 
 class H2DStagedPath : public Path {
  public:

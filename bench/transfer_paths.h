@@ -30,6 +30,9 @@ class Path {
   virtual Status Run() = 0;
   // Bytes of the host tensors the last Run() returned to its caller (d2h; 0 for h2d).
   virtual int64_t ResultHostBytes() const { return 0; }
+  // Bytes of device memory the last Run() left allocated on the host heap that no device's
+  // bytes_in_use() counts: a CPU PJRT plugin's own buffers (pjrt_paths.h); 0 for ferry's paths.
+  virtual int64_t ResultUncountedDeviceBytes() const { return 0; }
   // The last Run()'s results on the host, for the correctness check: for h2d the device data
   // read back in the device dtype; for d2h the returned tensors (moved out).
   virtual StatusOr<std::vector<HostTensor>> TakeResultsOnHost() = 0;
