@@ -513,26 +513,48 @@ def open_file(path: str | os.PathLike) -> TensorFile:
     return TensorFile(path, format_name, metadata, entries)
 
 
+def _dtype_kind(name: str) -> str:
+    """"float", "complex", "int" (signed or unsigned) or "bool", for a ferry dtype name."""
+    if name.startswith(("float", "bfloat")):
+        return "float"
+    if name.startswith("complex"):
+        return "complex"
+    return "bool" if name == "bool" else "int"
+
+
 def load_file(
     path: str | os.PathLike,
     device: Device | str | None = None,
     *,
     device_dtype: Any = None,
+    device_dtype_all: bool = False,
 ) -> dict[str, np.ndarray] | dict[str, Array]:
     """Every tensor of a safetensors, .npy or .npz file, by name (see `open_file`).
 
     Without `device` (and `device_dtype`): read-only numpy arrays, zero-copy views of the mapped
     file where the data is stored little-endian and uncompressed; each array keeps the mapping
-    alive until it is gone. With `device`: ferry.Arrays, put there (stored as `device_dtype` if
-    given) straight from the mapped file in one batched `device_put`; the file is unmapped when
-    the call returns.
+    alive until it is gone. With `device`: ferry.Arrays, put there straight from the mapped file
+    in one batched `device_put`; the file is unmapped when the call returns. `device_dtype`
+    applies to the tensors of its kind (a floating-point dtype to floating-point tensors, an
+    integer one to integer tensors: `"bfloat16"` leaves integer ids and masks alone), like
+    `ferry put --device-dtype`; `device_dtype_all=True` applies it to every tensor.
     """
     arrays = dict(open_file(path))
     if device is None and device_dtype is None:
         return arrays
     names = list(arrays)
-    placed = device_put([arrays[name] for name in names], device, device_dtype=device_dtype)
-    return dict(zip(names, placed))
+    requested = None if device_dtype is None else _dtype_name(device_dtype)
+    groups: dict[str | None, list[str]] = {}
+    for name in names:
+        applies = requested is not None and (
+            device_dtype_all
+            or _dtype_kind(_dtype_name(arrays[name].dtype.newbyteorder("="))) == _dtype_kind(requested))
+        groups.setdefault(requested if applies else None, []).append(name)
+    placed = {}
+    for dtype, group in groups.items():  # one batched put per device dtype
+        for name, array in zip(group, device_put([arrays[n] for n in group], device, device_dtype=dtype)):
+            placed[name] = array
+    return {name: placed[name] for name in names}
 
 
 def _file_format(path: str, format: str | None) -> str:

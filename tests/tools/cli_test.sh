@@ -42,6 +42,27 @@ done
 check "put converted" 0 "$ferry" put "$work/s.safetensors" --device-dtype float32 --verify
 expect_output "converted path in table" "bfloat16 -> float32" "$work/out"
 expect_output "converted label" "converted" "$work/out"
+# A requested device dtype applies to the tensors of its kind; --verify compares with the file.
+check "sample float32" 0 "$ferry" sample "$work/f32.safetensors" --size 3MiB --dtype float32
+check "put bfloat16 --verify" 0 "$ferry" put "$work/f32.safetensors" --device-dtype bfloat16 \
+  --verify --json "$work/lossy.json"
+expect_output "integer ids keep their dtype" "position_ids .*int64 -> int64 " "$work/out"
+expect_output "weights converted" "lm_head.weight .*float32 -> bfloat16" "$work/out"
+expect_output "lossy conversion named with its error" \
+  "lossy conversion: lm_head.weight (float32 -> bfloat16): [0-9]* of 65536 elements differ, max error" \
+  "$work/out"
+expect_output "ids match exactly" "verified: 1 of 14 tensors match the file exactly" "$work/out"
+if grep -q "every tensor matches the file" "$work/out"; then
+  echo "FAIL: a lossy conversion reported as a match"; failures=$((failures + 1))
+else echo "ok: a lossy conversion is not reported as a match"; passes=$((passes + 1)); fi
+expect_output "json says not exact" '"verified_exact": false' "$work/lossy.json"
+check "put --device-dtype-all" 0 "$ferry" put "$work/f32.safetensors" --device-dtype bfloat16 \
+  --device-dtype-all --verify
+expect_output "ids converted when asked" "position_ids .*int64 -> bfloat16" "$work/out"
+expect_output "ids' loss reported" "lossy conversion: model.position_ids (int64 -> bfloat16)" \
+  "$work/out"
+check "put lossless conversion" 0 "$ferry" put "$work/f32.safetensors" --device-dtype float64 --verify
+expect_output "lossless conversion verified" "verified: every tensor matches the file" "$work/out"
 check "put zero_copy aliases" 0 "$ferry" put "$work/s.safetensors" --semantics zero_copy --verify
 expect_output "aliased label" "aliased" "$work/out"
 check "put sharded" 0 env FERRY_HOST_DEVICES=4 "$ferry" put "$work/s.safetensors" \

@@ -3,8 +3,11 @@
 // against a memcpy of the same bytes timed in the same run, and an optional read-back check.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <complex>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -31,6 +34,7 @@ struct PutOptions {
   std::string mesh;
   int shard_dim = 0;
   std::string device_dtype;
+  bool device_dtype_all = false;  // apply --device-dtype to every tensor, not only its kind
   std::string semantics = "async";
   bool verify = false;
   std::string json_path;
@@ -55,18 +59,28 @@ StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
       fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
 }
 
-// The expected read-back of `source` stored as `device_dtype`, in the source's dtype: the source
-// converted to the device dtype and back, by the conversion rules.
-StatusOr<HostTensor> ExpectedRoundTrip(const HostView& source, DType device_dtype) {
-  FERRY_ASSIGN_OR_RETURN(HostTensor on_device, HostTensor::Allocate(device_dtype, source.dims));
-  FERRY_RETURN_IF_ERROR(CopyConvert(source, on_device.mutable_view()));
-  if (device_dtype == source.dtype) return on_device;
-  FERRY_ASSIGN_OR_RETURN(HostTensor back, HostTensor::Allocate(source.dtype, source.dims));
-  FERRY_RETURN_IF_ERROR(CopyConvert(on_device.view(), back.mutable_view()));
-  return back;
+// Whether a requested device dtype applies to a tensor of `source` dtype: only to tensors of its
+// own kind (a floating-point request to floating-point tensors, an integer one to integers), so
+// that `--device-dtype bfloat16` stores the weights as bfloat16 and leaves integer ids alone.
+bool RequestAppliesTo(DType requested, DType source) {
+  const DTypeKind requested_kind = GetDTypeInfo(requested).kind;
+  const DTypeKind source_kind = GetDTypeInfo(source).kind;
+  const auto integer = [](DTypeKind kind) {
+    return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
+  };
+  return requested_kind == source_kind || (integer(requested_kind) && integer(source_kind));
 }
 
-Status Verify(const PutTensor& tensor) {
+// How a tensor read back compares with the file.
+struct VerifyResult {
+  bool exact = true;
+  int64_t differing = 0;  // elements that differ from the file
+  double max_error = 0;   // largest |read back - file| (complex: modulus); NaN vs NaN is 0
+};
+
+// Reads `tensor` back in the file's dtype and compares it with the file itself (not with the
+// file converted to the device dtype and back, which would call any lossy conversion a match).
+StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
   const HostView& view = tensor.entry.source->view();
   HostTensor got;
   if (tensor.sharded) {
@@ -75,14 +89,43 @@ Status Verify(const PutTensor& tensor) {
     FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> back, TransferFromDevice({tensor.data}));
     got = std::move(back[0]);
   }
-  FERRY_ASSIGN_OR_RETURN(HostTensor expected, ExpectedRoundTrip(view, tensor.device_dtype));
-  if (got.size_bytes() != expected.size_bytes() ||
-      std::memcmp(got.data(), expected.data(), expected.size_bytes()) != 0) {
-    return absl::DataLossError(
-        fmt::format("verify: tensor '{}' of {} read back differently from the file",
-                    tensor.entry.name, tensor.file));
+  // The file's values, dense and in this machine's byte order.
+  FERRY_ASSIGN_OR_RETURN(HostTensor expected, HostTensor::Allocate(view.dtype, view.dims));
+  FERRY_RETURN_IF_ERROR(CopyConvert(view, expected.mutable_view()));
+  VerifyResult result;
+  if (got.dtype() == expected.dtype() && got.size_bytes() == expected.size_bytes() &&
+      std::memcmp(got.data(), expected.data(), expected.size_bytes()) == 0) {
+    return result;
   }
-  return OkStatus();
+  result.exact = false;
+  if (got.dtype() != expected.dtype() || got.dims() != expected.dims()) {
+    result.differing = -1;
+    result.max_error = std::numeric_limits<double>::infinity();
+    return result;
+  }
+  // Both as complex128 (which holds every dtype's values exactly but uint64/int64 beyond 2^53),
+  // element by element.
+  FERRY_ASSIGN_OR_RETURN(HostTensor got_wide, HostTensor::Allocate(DType::kC128, view.dims));
+  FERRY_ASSIGN_OR_RETURN(HostTensor expected_wide, HostTensor::Allocate(DType::kC128, view.dims));
+  FERRY_RETURN_IF_ERROR(CopyConvert(got.view(), got_wide.mutable_view()));
+  FERRY_RETURN_IF_ERROR(CopyConvert(expected.view(), expected_wide.mutable_view()));
+  const auto* a = reinterpret_cast<const std::complex<double>*>(got_wide.data());
+  const auto* b = reinterpret_cast<const std::complex<double>*>(expected_wide.data());
+  const int64_t count = got_wide.size_bytes() / static_cast<int64_t>(sizeof(std::complex<double>));
+  for (int64_t i = 0; i < count; ++i) {
+    const bool a_nan = std::isnan(a[i].real()) || std::isnan(a[i].imag());
+    const bool b_nan = std::isnan(b[i].real()) || std::isnan(b[i].imag());
+    double error = 0;
+    if (a_nan != b_nan) {
+      error = std::numeric_limits<double>::infinity();
+    } else if (!a_nan && a[i] != b[i]) {
+      error = std::abs(a[i] - b[i]);
+      if (std::isnan(error)) error = std::numeric_limits<double>::infinity();  // inf - inf
+    }
+    if (error > 0) ++result.differing;
+    result.max_error = std::max(result.max_error, error);
+  }
+  return result;  // differing == 0: only bit patterns differ (NaN payloads, -0.0)
 }
 
 // Seconds to memcpy every tensor's bytes (contiguous runs of the file data) through a 64 MiB
@@ -154,8 +197,14 @@ int RunPut(const PutOptions& options) {
       tensor.file = path;
       tensor.entry = entry;
       tensor.bytes = entry.source->view().dense_size_bytes();
-      auto dtype = ChooseDeviceDType(entry.source->view().dtype, requested, device->capabilities(),
-                                     entry.source->name());
+      const DType file_dtype = entry.source->view().dtype;
+      std::optional<DType> wanted = requested;
+      if (wanted.has_value() && !options.device_dtype_all &&
+          !RequestAppliesTo(*wanted, file_dtype)) {
+        wanted.reset();  // the device's profile decides, as without --device-dtype
+      }
+      auto dtype =
+          ChooseDeviceDType(file_dtype, wanted, device->capabilities(), entry.source->name());
       if (!dtype.ok()) return ReportError(kCommand, dtype.status());
       tensor.device_dtype = *dtype;
       total_bytes += tensor.bytes;
@@ -213,12 +262,33 @@ int RunPut(const PutOptions& options) {
   }
   const double memcpy_seconds = TimeMemcpyOf(tensors);
 
+  // --verify: every tensor read back and compared with the file. A tensor stored in another dtype
+  // may differ (a lossy conversion, which was asked for): that is reported as exactly that. A
+  // tensor stored in its own dtype must match bit for bit, or the command fails.
   bool verified = false;
+  std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
   if (options.verify) {
     ProgressBar verify_progress("verify", total_bytes);
     int64_t checked = 0;
     for (const PutTensor& tensor : tensors) {
-      if (Status status = Verify(tensor); !status.ok()) return ReportError(kCommand, status);
+      auto result = Verify(tensor);
+      if (!result.ok()) return ReportError(kCommand, result.status());
+      const DType file_dtype = tensor.entry.source->view().dtype;
+      // Stored in its own dtype, a tensor must come back bit for bit; converted, value for value.
+      if (!result->exact && (tensor.device_dtype == file_dtype || result->differing != 0)) {
+        if (tensor.device_dtype == file_dtype) {
+          return ReportError(
+              kCommand,
+              absl::DataLossError(fmt::format(
+                  "verify: tensor '{}' of {} read back differently from the file ({} elements "
+                  "differ, max error {:g})",
+                  tensor.entry.name, tensor.file, result->differing, result->max_error)));
+        }
+        lossy.push_back(fmt::format("{} ({} -> {}): {} of {} elements differ, max error {:g}",
+                                    tensor.entry.name, DTypeName(file_dtype),
+                                    DTypeName(tensor.device_dtype), result->differing,
+                                    tensor.entry.source->view().num_elements(), result->max_error));
+      }
       checked += tensor.bytes;
       verify_progress.Update(checked);
     }
@@ -241,7 +311,13 @@ int RunPut(const PutOptions& options) {
   fmt::print("total: {} tensors, {} in {:.3f} s = {:.2f} GB/s on {}; vs_memcpy {:.2f}{}\n",
              tensors.size(), FormatBytes(static_cast<double>(total_bytes)), seconds, gbps,
              mesh.has_value() ? options.mesh : device->name(), vs_memcpy,
-             verified ? "; verified: every tensor matches the file" : "");
+             !verified ? ""
+             : lossy.empty()
+                 ? "; verified: every tensor matches the file"
+                 : fmt::format("; verified: {} of {} tensors match the file exactly, {} "
+                               "differ by the requested conversion",
+                               tensors.size() - lossy.size(), tensors.size(), lossy.size()));
+  for (const std::string& line : lossy) fmt::print("lossy conversion: {}\n", line);
 
   if (!options.json_path.empty()) {
     nlohmann::json json;
@@ -253,6 +329,8 @@ int RunPut(const PutOptions& options) {
     json["memcpy_seconds"] = memcpy_seconds;
     json["vs_memcpy"] = vs_memcpy;
     json["verified"] = verified;
+    json["verified_exact"] = verified && lossy.empty();
+    json["lossy"] = lossy;
     for (const PutTensor& tensor : tensors) {
       const HostView& view = tensor.entry.source->view();
       json["tensors"].push_back(
@@ -294,13 +372,17 @@ CommandRunner AddPutCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   command->add_option("--device-dtype", options->device_dtype,
-                      "Store every tensor as this dtype (e.g. bfloat16)");
+                      "Store the tensors of this dtype's kind as this dtype (e.g. bfloat16: every "
+                      "floating-point tensor; integer and bool tensors keep theirs)");
+  command->add_flag("--device-dtype-all", options->device_dtype_all,
+                    "Apply --device-dtype to every tensor, whatever its kind");
   command
       ->add_option("--semantics", options->semantics,
                    "copy | async | zero_copy (the host device may then alias the mapped file)")
       ->capture_default_str();
   command->add_flag("--verify", options->verify,
-                    "Read every tensor back and compare it with the file");
+                    "Read every tensor back and compare it with the file itself (a conversion "
+                    "that changed values is reported as lossy, with its largest error)");
   command->add_option("--json", options->json_path, "Also write the results as JSON to this file");
   return [options] { return RunPut(*options); };
 }

@@ -1,0 +1,36 @@
+"""load_file's device_dtype applies to the tensors of its kind, like `ferry put --device-dtype`."""
+
+import numpy as np
+
+import ferry
+
+
+def test_a_requested_device_dtype_leaves_other_kinds_alone(tmp_path):
+    rng = np.random.default_rng(11)
+    print("seed 11")
+    tensors = {
+        "weight": rng.standard_normal((64, 32)).astype(np.float32),
+        "position_ids": np.arange(2048, dtype=np.int64).reshape(1, 2048),
+        "mask": rng.random(100) < 0.5,
+        "scale": rng.standard_normal(8).astype(np.float64),
+    }
+    path = tmp_path / "m.safetensors"
+    ferry.save_file(tensors, path)
+    arrays = ferry.load_file(path, "host:0", device_dtype="bfloat16")
+    assert {name: a.device_dtype for name, a in arrays.items()} == {
+        "weight": "bfloat16", "position_ids": "int64", "mask": "bool", "scale": "bfloat16"}
+    assert list(arrays) == list(ferry.open_file(path))  # the file's order is kept
+    np.testing.assert_array_equal(ferry.device_get(arrays["position_ids"]), tensors["position_ids"])
+    np.testing.assert_array_equal(ferry.device_get(arrays["mask"]), tensors["mask"])
+    weight = ferry.device_get(arrays["weight"])
+    assert not np.array_equal(weight, tensors["weight"])  # bfloat16 really was applied
+    np.testing.assert_allclose(weight, tensors["weight"], rtol=1 / 128)
+
+    everything = ferry.load_file(path, "host:0", device_dtype="bfloat16", device_dtype_all=True)
+    assert everything["position_ids"].device_dtype == "bfloat16"
+    ids = ferry.device_get(everything["position_ids"])
+    assert not np.array_equal(ids, tensors["position_ids"])  # 2048 ids do not fit 8 bits of mantissa
+
+    ints = ferry.load_file(path, "host:0", device_dtype="int32")
+    assert ints["position_ids"].device_dtype == "int32"
+    assert ints["weight"].device_dtype == "float32"
