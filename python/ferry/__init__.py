@@ -22,6 +22,7 @@ __all__ = [
     "Device",
     "Error",
     "CancelledError",
+    "DataLossError",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
@@ -95,6 +96,10 @@ class InternalError(Error, RuntimeError):
     pass
 
 
+class DataLossError(Error, RuntimeError):
+    """Data that was read is not what it should be (a tensor file truncated while mapped)."""
+
+
 # absl::StatusCode values.
 for _code, _cls in {
     1: CancelledError,
@@ -107,6 +112,7 @@ for _code, _cls in {
     12: UnimplementedError,
     13: InternalError,
     14: UnavailableError,
+    15: DataLossError,
 }.items():
     _ferry._register_error(_code, _cls)
 

@@ -1,6 +1,7 @@
 #include "ferry/io/mapped_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -35,6 +37,105 @@ int64_t PageSize() {
 
 }  // namespace
 
+// The SIGBUS side of MappedFile (see the header). The handler may run on any thread at any time,
+// so it touches only lock-free state: a fixed table of slots, each the address range of one live
+// mapping and its MappedFile. A slot is claimed (state 1) and published (state 2) by Open, and
+// withdrawn by the destructor before munmap; a fault can only hit a published mapping, which is
+// alive because the faulting reader holds its MappedFile. The mutex orders the non-signal users
+// (registration, CheckAllIntact), never the handler.
+struct MappedFileSignals {
+  static constexpr int kSlots = 4096;
+  struct Slot {
+    std::atomic<int> state{0};  // 0 free, 1 being filled, 2 published
+    std::atomic<uintptr_t> begin{0};
+    std::atomic<uintptr_t> end{0};  // page-rounded
+    std::atomic<const MappedFile*> file{nullptr};
+  };
+  static Slot* Slots() {
+    static Slot* slots = new Slot[kSlots];  // never freed: the handler may run during exit
+    return slots;
+  }
+  static std::mutex& Mutex() {
+    static auto* mutex = new std::mutex();
+    return *mutex;
+  }
+  static inline std::atomic<uint64_t> events{0};
+  static inline struct sigaction previous {};
+  static inline uintptr_t page_size = 4096;
+
+  static void Handler(int signal_number, siginfo_t* info, void* context) {
+    const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+    Slot* slots = Slots();
+    for (int i = 0; i < kSlots; ++i) {
+      Slot& slot = slots[i];
+      if (slot.state.load(std::memory_order_acquire) != 2) continue;
+      const uintptr_t begin = slot.begin.load(std::memory_order_relaxed);
+      const uintptr_t end = slot.end.load(std::memory_order_relaxed);
+      if (address < begin || address >= end) continue;
+      // Zero pages over the rest of the mapping: the faulting load is retried and reads zeros;
+      // later pages past the new end of the file would fault the same way.
+      const uintptr_t page = address & ~(page_size - 1);
+      void* mapped = ::mmap(reinterpret_cast<void*>(page), end - page, PROT_READ,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (mapped == MAP_FAILED) break;
+      const MappedFile* file = slot.file.load(std::memory_order_relaxed);
+      const auto offset = static_cast<int64_t>(page - begin);
+      int64_t seen = file->vanished_from_.load(std::memory_order_relaxed);
+      while (offset < seen &&
+             !file->vanished_from_.compare_exchange_weak(seen, offset, std::memory_order_relaxed)) {
+      }
+      events.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Not a mapping of ours: what would have happened without this handler.
+    if ((previous.sa_flags & SA_SIGINFO) != 0 && previous.sa_sigaction != nullptr) {
+      previous.sa_sigaction(signal_number, info, context);
+    } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+      previous.sa_handler(signal_number);
+    } else {
+      ::signal(SIGBUS, SIG_DFL);  // the faulting instruction runs again and gets the default
+    }
+  }
+
+  static void InstallOnce() {
+    static const bool installed = [] {
+      page_size = static_cast<uintptr_t>(PageSize());
+      Slots();
+      struct sigaction action {};
+      action.sa_sigaction = &Handler;
+      action.sa_flags = SA_SIGINFO | SA_NODEFER;
+      sigemptyset(&action.sa_mask);
+      return ::sigaction(SIGBUS, &action, &previous) == 0;
+    }();
+    (void)installed;
+  }
+
+  // Publishes `file`'s mapping; -1 when the table is full (the mapping is then unprotected).
+  static int Register(const MappedFile* file) {
+    InstallOnce();
+    std::lock_guard<std::mutex> lock(Mutex());
+    Slot* slots = Slots();
+    for (int i = 0; i < kSlots; ++i) {
+      if (slots[i].state.load(std::memory_order_relaxed) != 0) continue;
+      slots[i].state.store(1, std::memory_order_relaxed);
+      const auto begin = reinterpret_cast<uintptr_t>(file->data());
+      const auto length = static_cast<uintptr_t>(file->size());
+      slots[i].begin.store(begin, std::memory_order_relaxed);
+      slots[i].end.store(begin + (length + page_size - 1) / page_size * page_size,
+                         std::memory_order_relaxed);
+      slots[i].file.store(file, std::memory_order_relaxed);
+      slots[i].state.store(2, std::memory_order_release);
+      return i;
+    }
+    return -1;
+  }
+
+  static void Unregister(int index) {
+    std::lock_guard<std::mutex> lock(Mutex());
+    Slots()[index].state.store(0, std::memory_order_release);
+  }
+};
+
 StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, fmt::format("cannot open '{}'", path));
@@ -61,6 +162,7 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& 
     }
     file->data_ = static_cast<const std::byte*>(address);
     file->is_mapped_ = true;
+    file->slot_ = MappedFileSignals::Register(file.get());
   }
   ::close(fd);  // the mapping keeps the file's contents reachable
   return std::shared_ptr<const MappedFile>(std::move(file));
@@ -86,6 +188,7 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::FromBytes(absl::Span<con
 MappedFile::~MappedFile() {
   if (data_ == nullptr) return;
   if (is_mapped_) {
+    if (slot_ >= 0) MappedFileSignals::Unregister(slot_);
     ::munmap(const_cast<std::byte*>(data_), static_cast<size_t>(size_));
   } else {
     ::operator delete[](const_cast<std::byte*>(data_), kBytesAlignment);
@@ -126,6 +229,31 @@ void MappedFile::Prefetch(int64_t offset, int64_t size, int touch_threads) const
     }
   }
   for (std::thread& thread : threads) thread.join();
+}
+
+Status MappedFile::CheckIntact() const {
+  const int64_t from = vanished_from_.load(std::memory_order_relaxed);
+  if (from == INT64_MAX) return OkStatus();
+  return absl::DataLossError(fmt::format(
+      "file '{}' was truncated while it was mapped: a read at offset {} found its page gone, "
+      "and what was read from there on is zeros, not the file's data (replace tensor files "
+      "instead of rewriting them in place)",
+      display_name_, std::min(from, size_)));
+}
+
+uint64_t MappedFile::VanishedPageEvents() {
+  return MappedFileSignals::events.load(std::memory_order_relaxed);
+}
+
+Status MappedFile::CheckAllIntact() {
+  std::lock_guard<std::mutex> lock(MappedFileSignals::Mutex());
+  MappedFileSignals::Slot* slots = MappedFileSignals::Slots();
+  for (int i = 0; i < MappedFileSignals::kSlots; ++i) {
+    if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
+    Status status = slots[i].file.load(std::memory_order_relaxed)->CheckIntact();
+    if (!status.ok()) return status;
+  }
+  return OkStatus();
 }
 
 }  // namespace ferry

@@ -21,6 +21,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
+#include "ferry/io/mapped_file.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
@@ -125,6 +126,15 @@ void CheckDeviceUsable(const Device* device) {
                   device->name(), device->name()))};
 }
 
+// Raises DataLoss naming the file if a mapped file's pages vanished (it was truncated while
+// mapped) since `before` (MappedFile::VanishedPageEvents) and the file is still mapped: a read
+// since then may have got zeros instead of its data (the SIGBUS this would have been is
+// recovered by MappedFile).
+void CheckMappedFilesSince(uint64_t before) {
+  if (MappedFile::VanishedPageEvents() == before) return;
+  ThrowIfError(MappedFile::CheckAllIntact());
+}
+
 constexpr std::string_view kForkedArray =
     "the array was made before this process was forked, and ferry's devices do not survive "
     "fork(): put the data again in the child";
@@ -226,7 +236,11 @@ class Array {
       status = AwaitReady(all);
     }
     ThrowIfError(status);
+    CheckMappedFilesRead();
   }
+  // After the array is ready: an error naming a mapped file whose pages vanished (it was
+  // truncated) while this array's transfer may have read it, instead of the zeros it read there.
+  void CheckMappedFilesRead() const { CheckMappedFilesSince(vanished_at_creation_); }
   void Delete() {
     if (generation_ != ForkGeneration()) Abandon();
     data_.reset();
@@ -286,6 +300,7 @@ class Array {
   ShardedDataPtr sharded_;
   uint64_t generation_ = ForkGeneration();
   bool read_only_alias_ = false;  // made with zero_copy from read-only memory
+  uint64_t vanished_at_creation_ = MappedFile::VanishedPageEvents();
 };
 
 nb::list IndexToPython(const ShardIndex& index) {
@@ -362,13 +377,16 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
   for (const Device* device : sharding.mesh().devices()) CheckDeviceUsable(device);
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
+  const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<ShardedDataPtr> data;
   {
     ScopedGilRelease unlocked(MayWait(options, TotalBytes(sources)));
     data = TransferShardsToDevice(std::move(sources[0]), sharding, options);
     sources.clear();
   }
-  return Array(ValueOrThrow(std::move(data)));
+  ShardedDataPtr sharded = ValueOrThrow(std::move(data));
+  CheckMappedFilesSince(vanished_before);
+  return Array(std::move(sharded));
 }
 
 Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding,
@@ -399,6 +417,7 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
   std::vector<bool> read_only;
   auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
   const int64_t total_bytes = TotalBytes(sources);
+  const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<std::vector<DataPtr>> data;
   {
     ScopedGilRelease unlocked(MayWait(options, total_bytes));
@@ -406,6 +425,7 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
     sources.clear();  // our references go here: the transfers hold their own
   }
   std::vector<DataPtr> handles = ValueOrThrow(std::move(data));
+  CheckMappedFilesSince(vanished_before);
   std::vector<Array> arrays;
   arrays.reserve(handles.size());
   for (size_t i = 0; i < handles.size(); ++i) {
@@ -449,6 +469,7 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
     }
   }
   ThrowIfError(status);
+  for (const Array* array : arrays) array->CheckMappedFilesRead();
   std::vector<nb::object> results;
   results.reserve(host.size());
   for (HostTensor& tensor : host) results.push_back(ToNumpy(std::move(tensor)));

@@ -63,6 +63,14 @@ expect_output "ids' loss reported" "lossy conversion: model.position_ids (int64 
   "$work/out"
 check "put lossless conversion" 0 "$ferry" put "$work/f32.safetensors" --device-dtype float64 --verify
 expect_output "lossless conversion verified" "verified: every tensor matches the file" "$work/out"
+# A file truncated while `put` reads it: exit 1 naming the file (a truncated-while-mapped error,
+# or a malformed-file error when the truncation wins the race to open), never SIGBUS (rc 135).
+check "sample to truncate" 0 "$ferry" sample "$work/cut.safetensors" --size 256MiB
+"$ferry" put "$work/cut.safetensors" --semantics copy >"$work/out" 2>"$work/err" &
+sleep 0.01; truncate -s 4096 "$work/cut.safetensors"; wait $!; rc=$?
+if [[ $rc -eq 1 || $rc -eq 0 ]] && { [[ $rc -eq 0 ]] || grep -q "cut.safetensors" "$work/err"; }; then
+  echo "ok: a file truncated during put: exit $rc"; passes=$((passes + 1))
+else echo "FAIL: a file truncated during put: exit $rc"; cat "$work/err"; failures=$((failures + 1)); fi
 check "put zero_copy aliases" 0 "$ferry" put "$work/s.safetensors" --semantics zero_copy --verify
 expect_output "aliased label" "aliased" "$work/out"
 check "put sharded" 0 env FERRY_HOST_DEVICES=4 "$ferry" put "$work/s.safetensors" \

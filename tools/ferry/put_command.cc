@@ -247,6 +247,14 @@ int RunPut(const PutOptions& options) {
     done_bytes += tensor.bytes;
     progress.Update(done_bytes);
   }
+  // A file truncated while mapped was read as zeros where its pages vanished (MappedFile turns the
+  // SIGBUS into that): an error naming the file, not a result.
+  for (const TensorFile& file : files) {
+    if (Status intact = file.file()->CheckIntact(); !intact.ok()) {
+      progress.Finish();
+      return ReportError(kCommand, intact);
+    }
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.Finish();

@@ -8,11 +8,18 @@
 // source. All methods are thread-safe.
 //
 // A mapped file is only as immutable as the file on disk: if another process truncates the file
-// while it is mapped, touching the vanished pages raises SIGBUS (mmap's contract; ferry cannot
-// prevent it). Do not truncate or rewrite tensor files in place while they are open; replace them
-// (write a new file, then rename), which leaves the mapped old contents intact.
+// while it is mapped, touching the vanished pages raises SIGBUS (mmap's contract). ferry turns
+// that signal into an error instead of a crash: the first `Open` installs a SIGBUS handler which,
+// for a fault inside a live mapping of a MappedFile, maps zero pages over the vanished part of
+// the mapping (so the faulting read, on whichever thread, completes with zeros) and marks the
+// file; `CheckIntact` then reports it, and readers (the CLI, the Python layer) check it after
+// every read they start and fail with an error naming the file. A fault anywhere else goes to the
+// handler that was installed before (or the default action). Do not truncate or rewrite tensor
+// files in place while they are open; replace them (write a new file, then rename), which leaves
+// the mapped old contents intact.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -62,13 +69,28 @@ class MappedFile {
   // prefetching is advice, and the data stays readable either way.
   void Prefetch(int64_t offset, int64_t size, int touch_threads = 0) const;
 
+  // OK, or DataLoss naming the file when pages of its mapping vanished (the file was truncated
+  // while mapped) and were read since: what was read there reads as zeros, not as the file.
+  Status CheckIntact() const;
+
+  // How many vanished-page faults of any mapping have been recovered so far in this process:
+  // compare before and after a read to learn cheaply whether any happened.
+  static uint64_t VanishedPageEvents();
+  // DataLoss naming every live mapped file with vanished pages, or OK.
+  static Status CheckAllIntact();
+
  private:
   MappedFile() = default;
+  friend struct MappedFileSignals;
 
   const std::byte* data_ = nullptr;
   int64_t size_ = 0;
   bool is_mapped_ = false;
   std::string display_name_;
+  int slot_ = -1;  // the fault handler's registry slot of this mapping, -1 when not registered
+  // Set by the SIGBUS handler: the smallest offset of the mapping whose page vanished (int64 max
+  // when none did).
+  mutable std::atomic<int64_t> vanished_from_{INT64_MAX};
 };
 
 }  // namespace ferry
