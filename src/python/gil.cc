@@ -1,9 +1,12 @@
 #include "src/python/gil.h"
 
 #include <cxxabi.h>
+#include <nanobind/nanobind.h>
 #include <pthread.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <vector>
 
@@ -91,6 +94,34 @@ ScopedGilRelease::~ScopedGilRelease() {
     PyEval_RestoreThread(saved_);
   } catch (abi::__forced_unwind&) {
     ParkForever();  // never leaves the handler, so the unwind is neither finished nor swallowed
+  }
+}
+
+void WaitInterruptibly(const Future<>& done) {
+  if (done.IsReady()) return;
+  struct Waiter {
+    std::mutex mutex;
+    std::condition_variable ready_cv;
+    bool ready = false;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  done.OnReady([waiter](const Status&) {
+    {
+      std::lock_guard<std::mutex> lock(waiter->mutex);
+      waiter->ready = true;
+    }
+    waiter->ready_cv.notify_all();
+  });
+  for (;;) {
+    bool ready = false;
+    {
+      ScopedGilRelease unlocked;
+      std::unique_lock<std::mutex> lock(waiter->mutex);
+      ready = waiter->ready_cv.wait_for(lock, std::chrono::milliseconds(20),
+                                        [&] { return waiter->ready; });
+    }
+    if (ready) return;
+    if (PyErr_CheckSignals() != 0) throw nanobind::python_error();
   }
 }
 

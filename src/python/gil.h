@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "ferry/core/future.h"
+
 namespace ferry::python {
 
 // fork(): a child process has none of the parent's threads (the backends' engines, runtime
@@ -47,6 +49,13 @@ class ScopedGilRelease {
  private:
   PyThreadState* saved_ = nullptr;
 };
+
+// Waits until `done` is ready, without the GIL (when defence 1 is on), in slices of a few tens of
+// milliseconds; between slices it takes the GIL back and runs Python's signal handlers
+// (PyErr_CheckSignals), so that Ctrl-C raises KeyboardInterrupt promptly on the main thread:
+// then it throws nanobind::python_error and the transfer carries on to its end in the
+// background (everything it uses is owned by it). Must be called with the GIL held.
+void WaitInterruptibly(const Future<>& done);
 
 // Something that owns Python references (an array, a buffer view, a DLPack import). Its
 // destructor needs the GIL; it is only ever destroyed by `ReleasePyHeld` or under the GIL.

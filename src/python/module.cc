@@ -135,6 +135,14 @@ void CheckMappedFilesSince(uint64_t before) {
   ThrowIfError(MappedFile::CheckAllIntact());
 }
 
+// Waits (interruptibly: Ctrl-C raises KeyboardInterrupt) until every handle is ready.
+void WaitForAll(const std::vector<DataPtr>& handles) {
+  std::vector<Future<>> ready;
+  ready.reserve(handles.size());
+  for (const DataPtr& handle : handles) ready.push_back(handle->Ready());
+  WaitInterruptibly(JoinFutures(ready));
+}
+
 constexpr std::string_view kForkedArray =
     "the array was made before this process was forked, and ferry's devices do not survive "
     "fork(): put the data again in the child";
@@ -230,11 +238,8 @@ class Array {
   void block_until_ready() const {
     ApiScope api;
     std::vector<DataPtr> all = handles();
-    Status status;
-    {
-      ScopedGilRelease unlocked;
-      status = AwaitReady(all);
-    }
+    WaitForAll(all);
+    Status status = AwaitReady(all);  // every handle is ready: this only collects the status
     ThrowIfError(status);
     CheckMappedFilesRead();
   }
@@ -451,6 +456,15 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
       data.push_back(arrays[i]->data());
       unsharded.push_back(i);
     }
+  }
+  // The long wait is usually for the puts still running: wait for them interruptibly first; the
+  // reads below then run at memory speed.
+  {
+    std::vector<DataPtr> all = data;
+    for (const ShardedDataPtr& each : sharded) {
+      if (each) all.insert(all.end(), each->shards().begin(), each->shards().end());
+    }
+    WaitForAll(all);
   }
   std::vector<HostTensor> host(arrays.size());
   Status status;
