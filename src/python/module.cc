@@ -90,8 +90,12 @@ ClientRegistry& Registry() {
   return *registry;
 }
 
+// Requires the GIL; releases it while it waits for the registry's mutex and while it creates a
+// client (which can take long and wait for a vendor runtime): a thread never holds both the GIL
+// and the mutex, so neither can wait on the other.
 Client* GetClient(const std::string& backend) {
   ClientRegistry& registry = Registry();
+  ScopedGilRelease unlocked;
   std::lock_guard<std::mutex> lock(registry.mutex);
   auto it = registry.clients.find(backend);
   if (it == registry.clients.end()) {
@@ -116,6 +120,7 @@ Client* GetClient(const std::string& backend) {
 void CheckDeviceUsable(const Device* device) {
   if (device == nullptr) return;
   ClientRegistry& registry = Registry();
+  ScopedGilRelease unlocked;  // as in GetClient: never the GIL and the mutex at once
   std::lock_guard<std::mutex> lock(registry.mutex);
   for (const auto& [name, client] : registry.clients) {
     if (client.get() == device->client()) return;
@@ -363,17 +368,9 @@ std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
   return sources;
 }
 
-int64_t TotalBytes(const std::vector<std::shared_ptr<const TensorSource>>& sources) {
-  int64_t total = 0;
-  for (const auto& source : sources) total += source->view().dense_size_bytes();
-  return total;
-}
-
-// A "copy" put waits for the copy; small ones run inline and are not worth a GIL hand-off.
-bool MayWait(const TransferToDeviceOptions& options, int64_t bytes) {
-  return options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall &&
-         bytes > (int64_t{256} << 10);
-}
+// Every put releases the GIL while it runs: a "copy" put waits for its copy, and any put may wait
+// for room in a backend's staging ring (sized by device bytes, which a widening conversion
+// doubles) or for device memory. What a call can wait for decides, not its source's byte size.
 
 Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
                  const Sharding& sharding, std::optional<std::string> device_dtype,
@@ -385,7 +382,7 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
   const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<ShardedDataPtr> data;
   {
-    ScopedGilRelease unlocked(MayWait(options, TotalBytes(sources)));
+    ScopedGilRelease unlocked;
     data = TransferShardsToDevice(std::move(sources[0]), sharding, options);
     sources.clear();
   }
@@ -404,7 +401,7 @@ Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding
   auto sources = SourcesFromPython(objects, dtype_overrides, "shard");
   StatusOr<ShardedDataPtr> data;
   {
-    ScopedGilRelease unlocked(MayWait(options, TotalBytes(sources)));
+    ScopedGilRelease unlocked;
     data = MakeArrayFromShards(shape, sharding, sources, options);
     sources.clear();
   }
@@ -421,11 +418,10 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
   TransferToDeviceOptions options = MakeOptions(semantics_name, objects.size(), device_dtype);
   std::vector<bool> read_only;
   auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
-  const int64_t total_bytes = TotalBytes(sources);
   const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<std::vector<DataPtr>> data;
   {
-    ScopedGilRelease unlocked(MayWait(options, total_bytes));
+    ScopedGilRelease unlocked;
     data = TransferToDevice(sources, device, options);
     sources.clear();  // our references go here: the transfers hold their own
   }

@@ -116,3 +116,29 @@ def test_python_sources_are_released_on_the_main_thread_only_when_deferred(defer
         assert off_main == 0  # every release ran under the GIL on the main thread
     else:
         assert off_main > 0  # without the queue, runtime threads take the GIL themselves
+
+
+def test_a_small_widening_copy_put_releases_the_gil_while_it_waits_for_staging():
+    # Defence 1 alone (defence 2 off): an async put whose completion needs the GIL, then a
+    # "copy" put of a 200 KiB float32 source stored as float64 on OpenCL, which waits for staging
+    # sized by its 400 KiB of device bytes. Deciding "may this wait?" by the source's bytes held
+    # the GIL there, and the two waited for each other (it hung within 300 rounds).
+    opencl = [name for name in DEVICE_NAMES if name.startswith("opencl")]
+    if not opencl:
+        pytest.skip("no OpenCL device here: the staging wait this checks is OpenCL's")
+    code = f"""
+    import numpy as np
+    import ferry, ferry._testing as testing
+    testing.set_deferred_release(False)
+    device = ferry.device("{opencl[0]}")
+    small = np.ones(50_000, np.float32)
+    for i in range(300):
+        a = ferry.device_put(np.full((256, 1024), i, np.float32), device, semantics="async")
+        b = ferry.device_put(small, device, device_dtype="float64")
+        del a
+    assert (ferry.device_get(b) == 1).all()
+    print("completed")
+    """
+    result = run_python(code, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "completed" in result.stdout
