@@ -226,38 +226,10 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
                                      });
   }
 
-  const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
-  if (dense_same_dtype || !client_->platform().has_raw_reads) {
-    if (!dense_same_dtype) {
-      return UnimplementedError(fmt::format(
-          "ToHost from {}: a strided or converting read needs PJRT_Buffer_CopyRawToHost, which "
-          "the plugin lacks; read it densely in {}",
-          device_name_, DTypeName(device_dtype)));
-    }
-    auto counter =
-        std::make_shared<PieceCounter>([done, token = std::move(token)](Status status) mutable {
-          done.Set(std::move(status));
-          token.Release();
-        });
-    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-    args.src = handle->get();
-    args.dst = dst.data;
-    args.dst_size = static_cast<size_t>(size_bytes_);
-    FERRY_RETURN_IF_ERROR(handle->runtime().Check(
-        api.PJRT_Buffer_ToHostBuffer(&args), fmt::format("ToHostBuffer from {}", device_name_)));
-    counter->Add();
-    OnEventReady(
-        api, args.event, [counter, handle](Status status) { counter->Done(std::move(status)); },
-        fmt::format("ToHostBuffer from {}", device_name_));
-    counter->Done(OkStatus());
-    return OkStatus();
-  }
-
-  // Partial reads into staging chunks, each converted into `dst` here. The XLA CPU plugin runs a
-  // CopyRawToHost event's continuations before its copy has fully landed (seen here: bytes of a
-  // chunk still unwritten inside the continuation, never after PJRT_Event_Await), so every chunk
-  // is awaited on this thread, which is the client's staging worker (see ToHost), with up to
-  // kReadWindow chunks in flight.
+  // Every read through the plugin runs on the client's staging worker and waits for the plugin's
+  // event with PJRT_Event_Await: the XLA CPU plugin runs the continuations of a read's event
+  // before its copy has fully landed (seen here: bytes of the destination still unwritten inside
+  // the continuation, never after PJRT_Event_Await).
   if (!on_worker) {
     return client_->RunOnStagingWorker(
         [source, dst, done, token = std::move(token)](Status start) mutable {
@@ -266,6 +238,26 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
           token.Release();
         });
   }
+  const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
+  if (dense_same_dtype || !client_->platform().has_raw_reads) {
+    if (!dense_same_dtype) {
+      return UnimplementedError(fmt::format(
+          "ToHost from {}: a strided or converting read needs PJRT_Buffer_CopyRawToHost, which "
+          "the plugin lacks; read it densely in {}",
+          device_name_, DTypeName(device_dtype)));
+    }
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    args.src = handle->get();
+    args.dst = dst.data;
+    args.dst_size = static_cast<size_t>(size_bytes_);
+    FERRY_RETURN_IF_ERROR(handle->runtime().Check(
+        api.PJRT_Buffer_ToHostBuffer(&args), fmt::format("ToHostBuffer from {}", device_name_)));
+    done.Set(AwaitEvent(api, args.event, fmt::format("ToHostBuffer from {}", device_name_)));
+    return OkStatus();
+  }
+
+  // Partial reads into staging chunks, each converted into `dst` here, with up to kReadWindow
+  // chunks in flight.
   FERRY_ASSIGN_OR_RETURN(
       const CopyConvertPlan shape,
       CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, parts_.dims), dst));

@@ -469,8 +469,11 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
       device_pointer = static_cast<std::byte*>(pointer.device_memory_ptr);
     }
   }
-  parts.host_address = device_pointer;
   parts.is_alias = zero_copy && device_pointer != nullptr && device_pointer == src.data;
+  // ferry reads the plugin's memory itself only where it may (direct host access), or where it
+  // is the caller's own memory (an alias): the plugin's events can complete before its copies
+  // have landed (see PjrtBuffer::ToHost), and its own reads are ordered after them.
+  parts.host_address = platform_.direct_host_access || parts.is_alias ? device_pointer : nullptr;
   if (parts.is_alias) metrics::ZeroCopyAliases()->Add();
 
   auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
