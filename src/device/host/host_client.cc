@@ -110,45 +110,10 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
           src, MutableHostView::Dense(allocation->mutable_data(), device_dtype, src.dims)));
   (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
 
-  auto make_buffer = [&](Future<> ready) {
-    return std::unique_ptr<Buffer>(
-        new HostBuffer(host_device, device_dtype, src.dims, allocation, std::move(ready), engine_));
-  };
-  const int64_t source_bytes = num_elements * DTypeSize(src.dtype);
-
-  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    if (source_bytes <= kInlineCopyBytes) {
-      plan.CopyAll();
-    } else {
-      // Spread the copy over the engine's workers and wait: the call may not return before the
-      // source has been read.
-      Promise<> copied;
-      FERRY_RETURN_IF_ERROR(
-          engine_->Submit(std::move(plan), [copied](Status status) { copied.Set(status); }));
-      FERRY_RETURN_IF_ERROR(copied.future().Await());
-    }
-    if (on_done) std::move(on_done)();
-    return make_buffer(Future<>::Ready(OkStatus()));
-  }
-
-  // kImmutableUntilTransferCompletes: the engine owns the rest. Ready completes only after
-  // on_done has returned, so "ready" also means "the source has been released". The job keeps the
-  // device memory alive while its chunks write it (the buffer may be dropped mid-transfer) and
-  // lets go of it before on_done: a caller woken by on_done that drops the buffer then frees the
-  // memory itself, rather than leaving it to whenever the engine destroys the finished job.
-  Promise<> ready;
-  auto buffer = make_buffer(ready.future());
-  FERRY_RETURN_IF_ERROR(engine_->Submit(
-      std::move(plan), [ready, on_done = std::move(on_done), allocation](Status status) mutable {
-        allocation.reset();
-        if (on_done) {
-          // Destroy the callback, and what it captured (the source's keep-alive), before Ready.
-          OnDoneWithHostBuffer release = std::move(on_done);
-          std::move(release)();
-        }
-        ready.Set(std::move(status));
-      }));
-  return buffer;
+  FERRY_ASSIGN_OR_RETURN(Future<> ready, WriteThroughEngine(*engine_, std::move(plan), semantics,
+                                                            std::move(on_done), allocation));
+  return std::unique_ptr<Buffer>(
+      new HostBuffer(host_device, device_dtype, src.dims, allocation, std::move(ready), engine_));
 }
 
 }  // namespace ferry::host

@@ -100,4 +100,38 @@ void TransferEngine::Shutdown() {
   });
 }
 
+StatusOr<Future<>> WriteThroughEngine(TransferEngine& engine, CopyConvertPlan plan,
+                                      HostBufferSemantics semantics, OnDoneWithHostBuffer on_done,
+                                      std::shared_ptr<const void> device_memory,
+                                      std::shared_ptr<void> hold_until_ready) {
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    if (plan.num_elements() * DTypeSize(plan.src_dtype()) <= kInlineWriteBytes) {
+      plan.CopyAll();
+    } else {
+      // Spread the copy over the workers and wait: the call may not return before the source has
+      // been read.
+      Promise<> copied;
+      FERRY_RETURN_IF_ERROR(
+          engine.Submit(std::move(plan), [copied](Status status) { copied.Set(status); }));
+      FERRY_RETURN_IF_ERROR(copied.future().Await());
+    }
+    if (on_done) std::move(on_done)();
+    return Future<>::Ready(OkStatus());
+  }
+  Promise<> ready;
+  FERRY_RETURN_IF_ERROR(
+      engine.Submit(std::move(plan),
+                    [ready, on_done = std::move(on_done), device_memory = std::move(device_memory),
+                     hold = std::move(hold_until_ready)](Status status) mutable {
+                      device_memory.reset();
+                      if (on_done) {
+                        OnDoneWithHostBuffer release = std::move(on_done);
+                        std::move(release)();
+                      }
+                      ready.Set(std::move(status));
+                      hold.reset();
+                    }));
+  return ready.future();
+}
+
 }  // namespace ferry::host

@@ -21,7 +21,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/copy_convert.h"
+#include "ferry/core/future.h"
 #include "ferry/core/status.h"
+#include "ferry/device/device.h"
 #include "src/core/mutex.h"
 
 namespace ferry::host {
@@ -76,5 +78,23 @@ class TransferEngine {
   std::vector<std::thread> workers_;
   std::once_flag shutdown_once_;
 };
+
+// Writes a host source into device memory that the host addresses, as `semantics` says: what
+// every backend with such memory does (host; pjrt on a CPU plugin).
+// - kImmutableOnlyDuringCall: on this thread when the source has at most kInlineWriteBytes, else
+//   spread over the engine's workers and waited for; `on_done` has run when this returns, and the
+//   returned future is ready.
+// - kImmutableUntilTransferCompletes: queued on the engine, which owns the rest: the job lets go
+//   of `device_memory` (its hold on the memory it writes, which the buffer may drop mid-transfer)
+//   before it runs `on_done`, so a caller woken by on_done that drops the buffer frees the memory
+//   itself; it destroys `on_done` (and the source keep-alive it captured) before it completes the
+//   returned future, so "ready" also means "the source has been released"; then it drops
+//   `hold_until_ready`.
+// Errors: those of Submit (the job is then dropped and `on_done` not called).
+inline constexpr int64_t kInlineWriteBytes = int64_t{256} << 10;
+StatusOr<Future<>> WriteThroughEngine(TransferEngine& engine, CopyConvertPlan plan,
+                                      HostBufferSemantics semantics, OnDoneWithHostBuffer on_done,
+                                      std::shared_ptr<const void> device_memory,
+                                      std::shared_ptr<void> hold_until_ready = nullptr);
 
 }  // namespace ferry::host

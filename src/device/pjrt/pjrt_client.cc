@@ -16,10 +16,6 @@
 namespace ferry::pjrt {
 namespace {
 
-// kImmutableOnlyDuringCall transfers up to this many source bytes are copied on the calling
-// thread on the direct path: a hop to a worker would cost more than the copy.
-constexpr int64_t kInlineCopyBytes = int64_t{256} << 10;
-
 std::string View(const char* data, size_t size) {
   return data == nullptr ? std::string() : std::string(data, size);
 }
@@ -608,39 +604,19 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
   parts.dims = src.dims;
   parts.host_address = device_bytes > 0 ? allocation->mutable_data() : nullptr;
   parts.memory_keepalive = allocation;
-  const int64_t source_bytes = src.num_elements() * DTypeSize(src.dtype);
-
-  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    if (source_bytes <= kInlineCopyBytes) {
-      plan.CopyAll();
-    } else {
-      Promise<> copied;
-      FERRY_RETURN_IF_ERROR(
-          engine_->Submit(std::move(plan), [copied](Status status) { copied.Set(status); }));
-      FERRY_RETURN_IF_ERROR(copied.future().Await());
-    }
-    if (on_done) std::move(on_done)();
-    parts.ready = Future<>::Ready(OkStatus());
-    return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
+  // An asynchronous write holds a client token until its Ready(): the client's destructor waits
+  // for it (the engine is the client's).
+  std::shared_ptr<void> hold;
+  if (semantics != HostBufferSemantics::kImmutableOnlyDuringCall) {
+    FERRY_ASSIGN_OR_RETURN(
+        ClientLifetime::Token token,
+        ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+    hold = std::make_shared<ClientLifetime::Token>(std::move(token));
   }
-  FERRY_ASSIGN_OR_RETURN(
-      ClientLifetime::Token token,
-      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
-  Promise<> ready;
-  parts.ready = ready.future();
-  auto buffer = std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
-  FERRY_RETURN_IF_ERROR(
-      engine_->Submit(std::move(plan), [ready, on_done = std::move(on_done), allocation,
-                                        token = std::move(token)](Status status) mutable {
-        allocation.reset();
-        if (on_done) {
-          OnDoneWithHostBuffer release = std::move(on_done);
-          std::move(release)();
-        }
-        ready.Set(std::move(status));
-        token.Release();
-      }));
-  return buffer;
+  FERRY_ASSIGN_OR_RETURN(parts.ready,
+                         host::WriteThroughEngine(*engine_, std::move(plan), semantics,
+                                                  std::move(on_done), allocation, std::move(hold)));
+  return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
 }
 
 StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DType device_dtype,
