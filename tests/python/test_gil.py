@@ -6,7 +6,12 @@ the main thread waits for that transfer. Each scenario runs in a subprocess with
 hang fails the test instead of stalling CI.
 """
 
+import os
+import signal
 import subprocess
+import sys
+import threading
+import time
 
 import pytest
 
@@ -58,11 +63,83 @@ def test_async_put_then_blocking_read_never_hangs(source, device, release_gil, d
     assert "completed 1000" in result.stdout
 
 
+WATCHED = """
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+import numpy as np
+import ferry, ferry._testing as testing
+testing.set_release_gil({defences})
+testing.set_deferred_release({defences})
+device = ferry.device("host:0")
+for i in range(2000):
+    array = ferry.device_put({make_source}, device, semantics="async")
+    out = ferry.device_get(array)
+    print("progress", i, file=sys.stderr, flush=True)
+print("completed", flush=True)
+"""
+
+
+def cpu_ticks(pid):
+    """utime + stime of every thread of `pid`, in clock ticks."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def run_watched(source, defences, stall_seconds=3.0, limit_seconds=60.0):
+    """Runs the scenario and watches its progress. Returns ("completed", stderr) or, when no
+    iteration ends for `stall_seconds`, ("stuck", stderr with every Python thread's stack,
+    CPU ticks used over one further second)."""
+    code = WATCHED.format(defences=defences, make_source=SOURCES[source])
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True)
+    reader.start()
+    start = last_change = time.monotonic()
+    seen = 0
+    try:
+        while process.poll() is None and time.monotonic() - start < limit_seconds:
+            time.sleep(0.1)
+            if len(lines) != seen:
+                seen, last_change = len(lines), time.monotonic()
+            elif time.monotonic() - last_change > stall_seconds:
+                before = cpu_ticks(process.pid)
+                time.sleep(1.0)
+                used = cpu_ticks(process.pid) - before
+                process.send_signal(signal.SIGUSR1)  # faulthandler: every Python thread's stack
+                time.sleep(1.0)
+                process.kill()
+                process.wait()
+                reader.join(5)
+                return "stuck", "".join(lines), used
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+            return "too slow", "".join(lines), None
+        reader.join(5)
+        return ("completed" if process.returncode == 0 else "failed"), "".join(lines), None
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 @pytest.mark.parametrize("source", sorted(SOURCES))
 def test_without_either_defence_the_scenario_deadlocks(source):
-    # Proves the test above can fail: with both defences off the subprocess hangs and is killed.
-    with pytest.raises(subprocess.TimeoutExpired):
-        run_python(scenario(source, "host:0", False, False, 100000), timeout=20)
+    # Proves the tests above can fail: the workload finishes in seconds with the defences on; with
+    # both off it stops making progress, every thread sleeps (no CPU used), and the main thread is
+    # stuck inside ferry's blocking read while a runtime thread waits for the GIL it holds.
+    outcome, _, _ = run_watched(source, defences=True, stall_seconds=60.0)  # slow is fine here
+    assert outcome == "completed"
+    outcome, stderr, cpu_used = run_watched(source, defences=False)
+    assert outcome == "stuck", stderr[-3000:]
+    assert cpu_used is not None and cpu_used <= 5, f"still running ({cpu_used} ticks): slow, not stuck"
+    # faulthandler's dump: the main thread waits inside device_get's call into the extension.
+    dump = stderr[stderr.find("Current thread") if "Current thread" in stderr else stderr.find("Thread 0x"):]
+    assert "in device_get" in dump, stderr[-3000:]
 
 
 def test_gil_is_restored_when_a_released_call_fails():
