@@ -1,7 +1,9 @@
-// PieceCounter: counts the pieces of one asynchronous operation (its chunks, its events) and runs
-// `finish` exactly once, with the first error, when the last piece is done. It starts with one
-// piece: the hold of whoever is still adding pieces, released by a final Done(). Shared (held by
-// every piece's continuation), thread-safe; `finish` runs on the thread that ends the last piece.
+// PieceCounter: counts the pieces of one asynchronous operation (its chunks, its commands, its
+// events) and runs `finish` exactly once, with the first error, when the last piece is done, then
+// releases the operation's client token (if it has one), after `finish` and its captures are gone.
+// It starts with one piece: the hold of whoever is still adding pieces, released by a final
+// Done(). Shared (held by every piece's continuation), thread-safe; `finish` runs on the thread
+// that ends the last piece. Used by every backend whose pieces complete on runtime threads.
 #pragma once
 
 #include <atomic>
@@ -12,12 +14,15 @@
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/status.h"
 #include "src/core/mutex.h"
+#include "src/device/client_lifetime.h"
 
 namespace ferry {
 
 class PieceCounter {
  public:
-  explicit PieceCounter(absl::AnyInvocable<void(Status) &&> finish) : finish_(std::move(finish)) {}
+  explicit PieceCounter(absl::AnyInvocable<void(Status) &&> finish,
+                        ClientLifetime::Token token = ClientLifetime::Token())
+      : finish_(std::move(finish)), token_(std::move(token)) {}
   PieceCounter(const PieceCounter&) = delete;
   PieceCounter& operator=(const PieceCounter&) = delete;
 
@@ -33,11 +38,17 @@ class PieceCounter {
       MutexLock lock(mutex_);
       result = first_error_;
     }
-    std::move(finish_)(std::move(result));
+    {
+      // The captures (a caller's on_done among them) are gone before the token is released.
+      absl::AnyInvocable<void(Status)&&> finish = std::move(finish_);
+      std::move(finish)(std::move(result));
+    }
+    token_.Release();
   }
 
  private:
   absl::AnyInvocable<void(Status) &&> finish_;
+  ClientLifetime::Token token_;
   std::atomic<int64_t> pending_{1};
   Mutex mutex_;
   Status first_error_ ABSL_GUARDED_BY(mutex_);

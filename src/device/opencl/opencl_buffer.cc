@@ -128,13 +128,14 @@ void StartRead(ReadRequest request) {
   const DeviceQueue& queue = request.memory->queue();
   const OpenClLibrary& cl = queue.cl();
   auto counter = std::make_shared<PieceCounter>(
-      std::move(request.token), [done = request.done, ready = request.ready](Status status) {
+      [done = request.done, ready = request.ready](Status status) {
         if (!status.ok()) {
           done.Set(std::move(status));
           return;
         }
         ready.OnReady([done](const Status& ready_status) { done.Set(ready_status); });
-      });
+      },
+      std::move(request.token));
   auto complete_piece = [counter, what = request.what](cl_int execution_status) {
     counter->Done(EventStatus(execution_status, "read", what));
   };

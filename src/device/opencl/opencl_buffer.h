@@ -22,8 +22,8 @@
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
 #include "ferry/device/memory_account.h"
-#include "src/device/client_lifetime.h"
 #include "src/core/freed_memory_cache.h"
+#include "src/device/client_lifetime.h"
 #include "src/device/opencl/opencl_library.h"
 
 namespace ferry::opencl {

@@ -350,7 +350,7 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
       on_done = nullptr;
     }
     auto counter =
-        std::make_shared<PieceCounter>(std::move(token), FinishWrite(std::move(on_done), ready));
+        std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
     // The write is the counter's one piece.
     OnEventComplete(
         cl, event,
@@ -379,7 +379,7 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
     FERRY_ASSIGN_OR_RETURN(EventGate gate, EventGate::Create(*queue, what));
     FERRY_ASSIGN_OR_RETURN(cl_event event, EnqueueDirectWrite(write, path, gate.event()));
     auto counter =
-        std::make_shared<PieceCounter>(std::move(token), FinishWrite(std::move(on_done), ready));
+        std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
     OnEventComplete(
         cl, event,
         [counter, what](cl_int status) { counter->Done(EventStatus(status, "write", what)); },
@@ -392,7 +392,7 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   if (only_during_call) {
     // Staged on this thread (the call may wait); on_done runs once the source has been read,
     // Ready() once the last chunk has arrived.
-    auto counter = std::make_shared<PieceCounter>(std::move(token), FinishWrite(nullptr, ready));
+    auto counter = std::make_shared<PieceCounter>(FinishWrite(nullptr, ready), std::move(token));
     Status staged = StagedWrite(ring, src, device_dtype, *memory, counter, what);
     if (!staged.ok()) {
       counter->Done(staged);  // chunks in flight finish on their own
@@ -409,7 +409,7 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   // last piece, on_done runs from it, and a caller woken by on_done that drops the buffer must
   // find the memory given back.
   auto counter =
-      std::make_shared<PieceCounter>(std::move(token), FinishWrite(std::move(on_done), ready));
+      std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
   Promise<> enqueued;
   FERRY_RETURN_IF_ERROR(ring.Submit(
       [counter, memory, src, device_dtype, ring = &ring, enqueued, what](Status status) mutable {

@@ -120,25 +120,6 @@ void EventGate::Open() {
   event_ = nullptr;
 }
 
-void PieceCounter::Done(Status status) {
-  if (!status.ok()) {
-    MutexLock lock(mutex_);
-    if (first_error_.ok()) first_error_ = std::move(status);
-  }
-  if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  Status result;
-  {
-    MutexLock lock(mutex_);
-    result = first_error_;
-  }
-  {
-    // The captures (the caller's on_done among them) are gone before the token is released.
-    absl::AnyInvocable<void(Status)&&> finish = std::move(finish_);
-    std::move(finish)(std::move(result));
-  }
-  token_.Release();
-}
-
 // ---------------------------------------------------------------------------------------------
 
 StagingRing::StagingRing(const DeviceQueue& queue, int num_chunks, int64_t chunk_bytes)

@@ -31,6 +31,7 @@
 #include "src/core/mutex.h"
 #include "src/device/opencl/opencl_buffer.h"
 #include "src/device/opencl/opencl_library.h"
+#include "src/device/piece_counter.h"
 
 namespace ferry::opencl {
 
@@ -105,25 +106,6 @@ class EventGate {
   EventGate(const OpenClLibrary* cl, cl_event event) : cl_(cl), event_(event) {}
   const OpenClLibrary* cl_;
   cl_event event_;
-};
-
-// Counts the pieces of one operation (its commands, or its chunks) and runs `finish` exactly
-// once, with the first error, when the last piece is done, then releases the operation's token.
-// Starts with one piece: the hold of whoever is still adding pieces. Thread-safe.
-class PieceCounter {
- public:
-  PieceCounter(ClientLifetime::Token token, absl::AnyInvocable<void(Status) &&> finish)
-      : token_(std::move(token)), finish_(std::move(finish)) {}
-
-  void Add() { pending_.fetch_add(1, std::memory_order_relaxed); }
-  void Done(Status status);
-
- private:
-  ClientLifetime::Token token_;
-  absl::AnyInvocable<void(Status) &&> finish_;
-  std::atomic<int64_t> pending_{1};
-  Mutex mutex_;
-  Status first_error_ ABSL_GUARDED_BY(mutex_);
 };
 
 // ---------------------------------------------------------------------------------------------
