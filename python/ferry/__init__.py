@@ -14,8 +14,16 @@ from typing import Any, Callable, Sequence
 import ml_dtypes
 import numpy as np
 
-from . import _ferry
-from ._ferry import Device
+# The pjrt backend finds PJRT plugins shipped by installed packages (xla-cpu-pjrt, a CUDA or TPU
+# plugin) in these folders; set before the first pjrt client is created. FERRY_PJRT_PLUGIN (a
+# path or a package name) picks one explicitly.
+os.environ.setdefault(
+    "FERRY_PJRT_SEARCH_PATH",
+    os.pathsep.join(p for p in __import__("sys").path if p and os.path.isdir(p)),
+)
+
+from . import _ferry  # noqa: E402
+from ._ferry import Device  # noqa: E402
 
 __all__ = [
     "Array",
@@ -284,7 +292,10 @@ def _array_repr(self: Array) -> str:
 
 def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                   dl_device: Any = None, copy: bool | None = None) -> Any:
-    """DLPack export (host devices only), zero-copy except over read-only memory.
+    """DLPack export of arrays in host-addressable memory, zero-copy except over read-only memory.
+
+    Host devices, and pjrt devices whose memory ferry addresses directly (the CPU plugins:
+    `device.description` says "direct host access"), export as DLPack CPU tensors.
 
     A consumer that passes `max_version` >= (1, 0) gets a versioned capsule, an older one an
     unversioned capsule. An array that aliases read-only memory (a zero_copy put of a mapped file
@@ -292,19 +303,27 @@ def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, in
     copy=False: then a versioned capsule flagged READ_ONLY aliases it, and an unversioned one
     (which cannot carry the flag) is refused with BufferError. Never a writable alias.
     """
-    if self.device.backend != "host":
-        raise UnimplementedError(f"__dlpack__ is only supported on host devices, not {self.device.name}")
+    if not _host_addressable(self.device):
+        raise UnimplementedError(
+            f"__dlpack__ is only supported on devices whose memory the host addresses, not {self.device.name}")
     if stream is not None:
-        raise BufferError("__dlpack__: a host device has no streams; pass stream=None")
+        raise BufferError("__dlpack__: a host-memory device has no streams; pass stream=None")
     if dl_device is not None and tuple(dl_device) != (1, 0):
         raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}, only (1, 0) (CPU)")
     major = 0 if max_version is None else int(max_version[0])
     return self._export_dlpack(major, copy)
 
 
+def _host_addressable(device: Device) -> bool:
+    """Host devices, and pjrt devices whose memory ferry writes and reads directly (CPU plugins)."""
+    return device.backend == "host" or (
+        device.backend == "pjrt" and "direct host access" in device.description)
+
+
 def _array_dlpack_device(self: Array) -> tuple[int, int]:
-    if self.device.backend != "host":
-        raise UnimplementedError("__dlpack_device__ is only supported on host devices")
+    if not _host_addressable(self.device):
+        raise UnimplementedError(
+            "__dlpack_device__ is only supported on devices whose memory the host addresses")
     return (1, 0)  # kDLCPU
 
 

@@ -530,6 +530,9 @@ NB_MODULE(_ferry, m) {
       .def_prop_ro("name", [](const Device& d) { return d.name(); })
       .def_prop_ro("backend", [](const Device& d) { return std::string(d.client()->backend()); })
       .def_prop_ro("index", &Device::index)
+      .def_prop_ro("description", &Device::description,
+                   "What the device is, in one line (a PJRT device: its plugin, API version, "
+                   "platform, kind, memories and path); empty where the name says it all")
       .def_prop_ro("memory_limit",
                    [](const Device& d) { return d.capabilities().memory_limit_bytes; })
       .def_prop_ro("bytes_in_use", &Device::bytes_in_use)

@@ -18,6 +18,10 @@ def _device_names():
         names += [d.name for d in ferry.devices("opencl")][:1]
     except ferry.Error:
         pass  # no OpenCL backend or device on this machine
+    try:
+        names += [d.name for d in ferry.devices("pjrt")][:1]
+    except ferry.Error:
+        pass  # no PJRT plugin installed (pip install xla-cpu-pjrt), or built without its header
     return names
 
 
