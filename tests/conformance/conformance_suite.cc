@@ -58,8 +58,7 @@ std::vector<ConformanceBackend> RegisteredConformanceBackends() {
 void PrintTo(const ConformanceBackend& backend, std::ostream* os) { *os << backend.name; }
 
 std::string ConformanceBackendTestName(const testing::TestParamInfo<ConformanceBackend>& info) {
-  return info.param.variant.empty() ? info.param.name
-                                    : info.param.name + "_" + info.param.variant;
+  return info.param.variant.empty() ? info.param.name : info.param.name + "_" + info.param.variant;
 }
 
 void ConformanceTest::SetUp() {
