@@ -140,6 +140,9 @@ void CheckMappedFilesSince(uint64_t before) {
   ThrowIfError(MappedFile::CheckAllIntact());
 }
 
+// "copy" puts of at least this many source bytes wait interruptibly (see Put).
+constexpr int64_t kInterruptiblePutBytes = int64_t{32} << 20;
+
 // Waits (interruptibly: Ctrl-C raises KeyboardInterrupt) until every handle is ready.
 void WaitForAll(const std::vector<DataPtr>& handles) {
   std::vector<Future<>> ready;
@@ -418,6 +421,20 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
   TransferToDeviceOptions options = MakeOptions(semantics_name, objects.size(), device_dtype);
   std::vector<bool> read_only;
   auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
+  // A large "copy" put is started as an asynchronous one that this call then waits for,
+  // interruptibly: Ctrl-C raises KeyboardInterrupt at once while the transfers finish in the
+  // background (they hold their sources; the handles let go of the device memory when they are
+  // done). Ready() completes only once a source has been released, so on return every source has
+  // been read, as "copy" promises. Small puts stay synchronous: cheaper, and over at once.
+  bool wait_here = false;
+  if (options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    int64_t source_bytes = 0;
+    for (const auto& source : sources) source_bytes += source->view().dense_size_bytes();
+    if (source_bytes >= kInterruptiblePutBytes) {
+      options.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+      wait_here = true;
+    }
+  }
   const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<std::vector<DataPtr>> data;
   {
@@ -426,6 +443,7 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
     sources.clear();  // our references go here: the transfers hold their own
   }
   std::vector<DataPtr> handles = ValueOrThrow(std::move(data));
+  if (wait_here) WaitForAll(handles);
   CheckMappedFilesSince(vanished_before);
   std::vector<Array> arrays;
   arrays.reserve(handles.size());
