@@ -29,7 +29,9 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "ferry/core/mutex.h"
 
 namespace ferry {
 
@@ -50,7 +52,7 @@ class FreedMemoryCache {
   // A cached handle of exactly `size_bytes` (the most recently freed, its pages the likeliest to
   // be resident), or nullopt.
   std::optional<Handle> Take(int64_t size_bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto same_size = by_size_.find(size_bytes);
     if (same_size == by_size_.end()) return std::nullopt;
     const typename std::list<Entry>::iterator newest = same_size->second.back();
@@ -66,7 +68,7 @@ class FreedMemoryCache {
   void Give(Handle handle, int64_t size_bytes) {
     std::list<Entry> evicted;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (!closed_ && size_bytes >= min_cached_bytes_ && size_bytes <= limit_bytes_) {
         while (cached_bytes_ + size_bytes > limit_bytes_) EvictOldest(evicted);
         by_age_.push_back({std::move(handle), size_bytes});
@@ -83,7 +85,7 @@ class FreedMemoryCache {
   bool ReleaseAll() {
     std::list<Entry> evicted;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       evicted.swap(by_age_);
       by_size_.clear();
       cached_bytes_ = 0;
@@ -95,7 +97,7 @@ class FreedMemoryCache {
   // Releases every cached handle and caches nothing from now on.
   void Close() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       closed_ = true;
     }
     ReleaseAll();
@@ -103,7 +105,7 @@ class FreedMemoryCache {
 
   int64_t limit_bytes() const { return limit_bytes_; }
   int64_t cached_bytes() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return cached_bytes_;
   }
 
@@ -114,7 +116,7 @@ class FreedMemoryCache {
   };
 
   // Moves the oldest entry to `evicted`. Requires the lock and an entry.
-  void EvictOldest(std::list<Entry>& evicted) {
+  void EvictOldest(std::list<Entry>& evicted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     const int64_t size_bytes = by_age_.front().size_bytes;
     // The oldest entry of all is the oldest of its size.
     auto same_size = by_size_.find(size_bytes);
@@ -131,12 +133,13 @@ class FreedMemoryCache {
   const int64_t limit_bytes_;
   const int64_t min_cached_bytes_;
   const std::function<void(Handle)> release_;
-  mutable std::mutex mutex_;
-  std::list<Entry> by_age_;  // oldest first
+  mutable Mutex mutex_;
+  std::list<Entry> by_age_ ABSL_GUARDED_BY(mutex_);  // oldest first
   // Per size, the entries of by_age_ of that size, oldest first.
-  absl::flat_hash_map<int64_t, std::deque<typename std::list<Entry>::iterator>> by_size_;
-  int64_t cached_bytes_ = 0;
-  bool closed_ = false;
+  absl::flat_hash_map<int64_t, std::deque<typename std::list<Entry>::iterator>> by_size_
+      ABSL_GUARDED_BY(mutex_);
+  int64_t cached_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mutex_) = false;
 };
 
 }  // namespace ferry

@@ -16,13 +16,14 @@ namespace {
 // The registry lives for the whole process and is never destroyed: runtime threads may still
 // record samples while static destructors run at exit.
 struct Registry {
-  std::mutex mutex;
+  Mutex mutex;
   // std::map nodes never move, so the pointers handed out stay valid; std::less<> allows lookup
   // by string_view without building a string.
-  std::map<std::string, std::unique_ptr<Counter>, std::less<>> counters;
-  std::map<std::string, std::unique_ptr<Metric>, std::less<>> metrics;
+  std::map<std::string, std::unique_ptr<Counter>, std::less<>> counters ABSL_GUARDED_BY(mutex);
+  std::map<std::string, std::unique_ptr<Metric>, std::less<>> metrics ABSL_GUARDED_BY(mutex);
   // ValueRate divides by the time since this point: registry creation, or the last ResetMetrics.
-  std::chrono::steady_clock::time_point rate_epoch = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point rate_epoch ABSL_GUARDED_BY(mutex) =
+      std::chrono::steady_clock::now();
 };
 
 Registry& GetRegistry() {
@@ -75,7 +76,7 @@ std::string FormatValue(double value, MetricUnit unit) {
 }  // namespace
 
 void Metric::AddSample(double value) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   ++total_samples_;
   accumulator_ += value;
   window_.push_back(value);
@@ -83,12 +84,12 @@ void Metric::AddSample(double value) {
 }
 
 int64_t Metric::TotalSamples() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return total_samples_;
 }
 
 double Metric::Accumulator() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return accumulator_;
 }
 
@@ -97,7 +98,7 @@ double Metric::Accumulator() const {
 std::vector<double> Metric::Percentiles(const std::vector<double>& percents) const {
   std::vector<double> sorted;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     sorted.assign(window_.begin(), window_.end());
   }
   std::vector<double> result(percents.size(), 0.0);
@@ -115,7 +116,7 @@ std::vector<double> Metric::Percentiles(const std::vector<double>& percents) con
 }
 
 void Metric::Reset() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   total_samples_ = 0;
   accumulator_ = 0;
   window_.clear();
@@ -123,7 +124,7 @@ void Metric::Reset() {
 
 Counter* GetCounter(std::string_view name) {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   auto it = registry.counters.find(name);
   if (it == registry.counters.end()) {
     it = registry.counters.emplace(std::string(name), std::make_unique<Counter>()).first;
@@ -134,7 +135,7 @@ Counter* GetCounter(std::string_view name) {
 // A name asked for again with another unit keeps the unit it was created with.
 Metric* GetMetric(std::string_view name, MetricUnit unit) {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   auto it = registry.metrics.find(name);
   if (it == registry.metrics.end()) {
     it = registry.metrics.emplace(std::string(name), std::make_unique<Metric>(unit)).first;
@@ -144,7 +145,7 @@ Metric* GetMetric(std::string_view name, MetricUnit unit) {
 
 std::string MetricsReport() {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   const double elapsed_seconds = std::max(
       1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - registry.rate_epoch)
                 .count());
@@ -179,7 +180,7 @@ std::string MetricsReport() {
 
 std::map<std::string, double> MetricsSnapshot() {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   std::map<std::string, double> snapshot;
   for (const auto& [name, counter] : registry.counters) {
     snapshot[name] = static_cast<double>(counter->Value());
@@ -193,7 +194,7 @@ std::map<std::string, double> MetricsSnapshot() {
 
 void ResetMetrics() {
   Registry& registry = GetRegistry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   for (auto& [name, counter] : registry.counters) counter->Reset();
   for (auto& [name, metric] : registry.metrics) metric->Reset();
   registry.rate_epoch = std::chrono::steady_clock::now();

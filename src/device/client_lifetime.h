@@ -13,8 +13,8 @@
 #include <string_view>
 
 #include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
-#include "src/core/mutex.h"
 
 namespace ferry {
 

@@ -12,8 +12,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
-#include "src/core/mutex.h"
 #include "src/device/client_lifetime.h"
 
 namespace ferry {

@@ -4,9 +4,9 @@
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "src/core/mutex.h"
 
 namespace ferry {
 

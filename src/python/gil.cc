@@ -10,6 +10,9 @@
 #include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
+
 namespace ferry::python {
 namespace {
 
@@ -22,8 +25,8 @@ void OnForkInChild() { fork_generation.fetch_add(1, std::memory_order_relaxed); 
 struct ReleaseQueue {
   explicit ReleaseQueue(uint64_t generation) : generation(generation) {}
   const uint64_t generation;
-  std::mutex mutex;
-  std::vector<PyHeld*> queued;
+  Mutex mutex;
+  std::vector<PyHeld*> queued ABSL_GUARDED_BY(mutex);
   std::atomic<size_t> size{0};
   std::atomic<bool> pending_call_scheduled{false};
 };
@@ -100,14 +103,14 @@ ScopedGilRelease::~ScopedGilRelease() {
 void WaitInterruptibly(const Future<>& done) {
   if (done.IsReady()) return;
   struct Waiter {
-    std::mutex mutex;
+    Mutex mutex;
     std::condition_variable ready_cv;
-    bool ready = false;
+    bool ready ABSL_GUARDED_BY(mutex) = false;
   };
   auto waiter = std::make_shared<Waiter>();
   done.OnReady([waiter](const Status&) {
     {
-      std::lock_guard<std::mutex> lock(waiter->mutex);
+      MutexLock lock(waiter->mutex);
       waiter->ready = true;
     }
     waiter->ready_cv.notify_all();
@@ -116,9 +119,9 @@ void WaitInterruptibly(const Future<>& done) {
     bool ready = false;
     {
       ScopedGilRelease unlocked;
-      std::unique_lock<std::mutex> lock(waiter->mutex);
-      ready = waiter->ready_cv.wait_for(lock, std::chrono::milliseconds(20),
-                                        [&] { return waiter->ready; });
+      MutexLock lock(waiter->mutex);
+      if (!waiter->ready) lock.WaitFor(waiter->ready_cv, std::chrono::milliseconds(20));
+      ready = waiter->ready;
     }
     if (ready) return;
     if (PyErr_CheckSignals() != 0) throw nanobind::python_error();
@@ -136,7 +139,7 @@ void ReleasePyHeld(PyHeld* held) {
   if (deferred_release.load()) {
     ReleaseQueue& queue = Queue();
     {
-      std::lock_guard<std::mutex> lock(queue.mutex);
+      MutexLock lock(queue.mutex);
       queue.queued.push_back(held);
       queue.size.store(queue.queued.size(), std::memory_order_relaxed);
     }
@@ -166,7 +169,7 @@ void DrainReleaseQueue() {
   if (queue.size.load(std::memory_order_relaxed) == 0) return;
   std::vector<PyHeld*> drained;
   {
-    std::lock_guard<std::mutex> lock(queue.mutex);
+    MutexLock lock(queue.mutex);
     drained.swap(queue.queued);
     queue.size.store(0, std::memory_order_relaxed);
   }

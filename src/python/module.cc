@@ -18,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/mutex.h"
 #include "ferry/device/registry.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/runtime/sharding.h"
@@ -54,9 +56,10 @@ std::map<int, PyObject*>& ErrorClasses() {
 struct ClientRegistry {
   explicit ClientRegistry(uint64_t generation) : generation(generation) {}
   const uint64_t generation;
-  std::mutex mutex;  // guards clients and inherited
-  std::map<std::string, std::unique_ptr<Client>, std::less<>> clients;
-  std::set<std::string, std::less<>> inherited;  // started before a fork in an ancestor
+  Mutex mutex;
+  std::map<std::string, std::unique_ptr<Client>, std::less<>> clients ABSL_GUARDED_BY(mutex);
+  // Started before a fork in an ancestor.
+  std::set<std::string, std::less<>> inherited ABSL_GUARDED_BY(mutex);
 };
 
 // Backends started in this process or an ancestor, for the child to know what it inherited.
@@ -96,7 +99,7 @@ ClientRegistry& Registry() {
 Client* GetClient(const std::string& backend) {
   ClientRegistry& registry = Registry();
   ScopedGilRelease unlocked;
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   auto it = registry.clients.find(backend);
   if (it == registry.clients.end()) {
     if (registry.inherited.contains(backend)) {
@@ -121,7 +124,7 @@ void CheckDeviceUsable(const Device* device) {
   if (device == nullptr) return;
   ClientRegistry& registry = Registry();
   ScopedGilRelease unlocked;  // as in GetClient: never the GIL and the mutex at once
-  std::lock_guard<std::mutex> lock(registry.mutex);
+  MutexLock lock(registry.mutex);
   for (const auto& [name, client] : registry.clients) {
     if (client.get() == device->client()) return;
   }

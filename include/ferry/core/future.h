@@ -20,8 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/types/span.h"
+#include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
 
 namespace ferry {
@@ -37,10 +39,13 @@ class FutureState {
   using Value = FutureValue<T>;
   using Callback = absl::AnyInvocable<void(const Value&) &&>;
 
-  void Set(Value value) {
+  // value_ is written once, under the lock, before set_ is released; from then on it is immutable,
+  // and the readers below take it without the lock once set_ (acquire) says so, which the static
+  // analysis cannot follow: they are excluded from it, and TSan checks them at run time.
+  void Set(Value value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<Callback> callbacks;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (value_.has_value()) return;  // set once; later sets are ignored
       value_.emplace(std::move(value));
       set_.store(true, std::memory_order_release);
@@ -54,16 +59,16 @@ class FutureState {
   // Once set_ reads true (acquire), value_ is immutable and visible: no lock needed.
   bool IsReady() const { return set_.load(std::memory_order_acquire); }
 
-  const Value& Await() const {
+  const Value& Await() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (IsReady()) return *value_;
-    std::unique_lock<std::mutex> lock(mutex_);
-    ready_.wait(lock, [this] { return value_.has_value(); });
+    MutexLock lock(mutex_);
+    while (!value_.has_value()) lock.Wait(ready_);
     return *value_;
   }
 
-  void OnReady(Callback callback) {
+  void OnReady(Callback callback) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!IsReady()) {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       if (!value_.has_value()) {
         callbacks_.push_back(std::move(callback));
         return;
@@ -73,11 +78,11 @@ class FutureState {
   }
 
  private:
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   mutable std::condition_variable ready_;
   std::atomic<bool> set_{false};
-  std::optional<Value> value_;
-  std::vector<Callback> callbacks_;
+  std::optional<Value> value_ ABSL_GUARDED_BY(mutex_);  // immutable once set_ is true
+  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace internal

@@ -17,6 +17,9 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
+
 namespace ferry {
 
 class Counter {
@@ -47,10 +50,10 @@ class Metric {
 
  private:
   const MetricUnit unit_;
-  mutable std::mutex mutex_;
-  int64_t total_samples_ = 0;
-  double accumulator_ = 0;
-  std::deque<double> window_;
+  mutable Mutex mutex_;
+  int64_t total_samples_ ABSL_GUARDED_BY(mutex_) = 0;
+  double accumulator_ ABSL_GUARDED_BY(mutex_) = 0;
+  std::deque<double> window_ ABSL_GUARDED_BY(mutex_);
 };
 
 // Returns the process-wide metric or counter named `name`, creating it on first use.

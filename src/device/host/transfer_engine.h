@@ -22,9 +22,9 @@
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/future.h"
+#include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
 #include "ferry/device/device.h"
-#include "src/core/mutex.h"
 
 namespace ferry::host {
 

@@ -8,8 +8,8 @@
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
 #include "fmt/format.h"
-#include "src/core/mutex.h"
 
 namespace ferry::opencl {
 namespace {

@@ -33,10 +33,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "ferry/core/mutex.h"
 #include "ferry/device/client.h"
 #include "ferry/device/memory_account.h"
 #include "ferry/device/registry.h"
-#include "src/core/mutex.h"
 #include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 

@@ -9,6 +9,7 @@
 // std::mutex (pthread, which TSan intercepts) and only adds the annotations.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 
@@ -46,6 +47,11 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
   // mutex again. Call it in a loop that tests the awaited state: written in the caller, that test
   // is checked against the annotations (a predicate lambda would not be).
   void Wait(std::condition_variable& condition) { condition.wait(lock_); }
+  // As Wait, for at most `timeout`.
+  template <typename Rep, typename Period>
+  void WaitFor(std::condition_variable& condition, std::chrono::duration<Rep, Period> timeout) {
+    condition.wait_for(lock_, timeout);
+  }
 
  private:
   std::unique_lock<std::mutex> lock_;
