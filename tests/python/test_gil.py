@@ -71,6 +71,9 @@ import ferry, ferry._testing as testing
 testing.set_release_gil({defences})
 testing.set_deferred_release({defences})
 device = ferry.device("host:0")
+{prelude}
+# The watchdog's clock starts here: importing torch takes seconds on a loaded machine.
+print("progress ready", file=sys.stderr, flush=True)
 for i in range(2000):
     array = ferry.device_put({make_source}, device, semantics="async")
     out = ferry.device_get(array)
@@ -93,7 +96,8 @@ def run_watched(source, defences, stall_seconds=3.0, limit_seconds=60.0):
     """Runs the scenario and watches its progress. Returns ("completed", stderr) or, when no
     iteration ends for `stall_seconds`, ("stuck", stderr with every Python thread's stack,
     CPU ticks used over one further second)."""
-    code = WATCHED.format(defences=defences, make_source=SOURCES[source])
+    code = WATCHED.format(defences=defences, make_source=SOURCES[source],
+                          prelude="import torch" if source == "torch" else "")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     lines = []
@@ -104,7 +108,9 @@ def run_watched(source, defences, stall_seconds=3.0, limit_seconds=60.0):
     try:
         while process.poll() is None and time.monotonic() - start < limit_seconds:
             time.sleep(0.1)
-            if len(lines) != seen:
+            if not lines:  # still importing: the watch starts at "progress ready"
+                last_change = time.monotonic()
+            elif len(lines) != seen:
                 seen, last_change = len(lines), time.monotonic()
             elif time.monotonic() - last_change > stall_seconds:
                 before = cpu_ticks(process.pid)
