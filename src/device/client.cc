@@ -132,4 +132,21 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
   return OkStatus();
 }
 
+StatusOr<int64_t> DeviceBytesFor(const HostView& src, DType device_dtype, const Device& device,
+                                 std::string_view tensor_name, std::string_view limit_name) {
+  int64_t device_bytes = 0;
+  if (__builtin_mul_overflow(src.num_elements(), DTypeSize(device_dtype), &device_bytes)) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
+  }
+  if (const auto& max = device.capabilities().max_buffer_bytes;
+      max.has_value() && device_bytes > *max) {
+    return ResourceExhaustedError(
+        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer{}",
+                    tensor_name, device_bytes, device.name(), *max,
+                    limit_name.empty() ? "" : fmt::format(" ({})", limit_name)));
+  }
+  return device_bytes;
+}
+
 }  // namespace ferry

@@ -49,4 +49,10 @@ class Client {
 Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, DType device_dtype,
                                      const Device* device, std::string_view tensor_name);
 
+// The bytes `src` occupies on `device` stored as `device_dtype`: InvalidArgument when that
+// overflows int64, ResourceExhausted when it passes the device's max_buffer_bytes (the message
+// names `limit_name`, the limit's origin, when given). Errors name `tensor_name`.
+StatusOr<int64_t> DeviceBytesFor(const HostView& src, DType device_dtype, const Device& device,
+                                 std::string_view tensor_name, std::string_view limit_name = {});
+
 }  // namespace ferry

@@ -74,7 +74,6 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
   FERRY_RETURN_IF_ERROR(
       CheckBufferFromHostBufferArgs(*this, src, device_dtype, device, tensor_name));
   auto* host_device = static_cast<HostDevice*>(device);
-  const int64_t num_elements = src.num_elements();
 
   if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
     const bool aliasable = src.dtype == device_dtype && src.IsRowMajorDense() &&
@@ -90,17 +89,8 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
   }
 
-  int64_t device_bytes;
-  if (__builtin_mul_overflow(num_elements, DTypeSize(device_dtype), &device_bytes)) {
-    return InvalidArgumentError(
-        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
-  }
-  if (const auto& max = host_device->capabilities().max_buffer_bytes;
-      max.has_value() && device_bytes > *max) {
-    return ResourceExhaustedError(
-        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer",
-                    tensor_name, device_bytes, device->name(), *max));
-  }
+  FERRY_ASSIGN_OR_RETURN(const int64_t device_bytes,
+                         DeviceBytesFor(src, device_dtype, *device, tensor_name));
   FERRY_ASSIGN_OR_RETURN(
       auto allocation,
       DeviceAllocation::Create(host_device->memory(), device_bytes, tensor_name, device->name()));

@@ -285,18 +285,9 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
   }
   const int64_t num_elements = src.num_elements();
-  int64_t device_bytes;
-  if (__builtin_mul_overflow(num_elements, DTypeSize(device_dtype), &device_bytes)) {
-    return InvalidArgumentError(
-        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
-  }
-  if (const auto& max = opencl_device->capabilities().max_buffer_bytes;
-      max.has_value() && device_bytes > *max) {
-    return ResourceExhaustedError(
-        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer "
-                    "(CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
-                    tensor_name, device_bytes, device->name(), *max));
-  }
+  FERRY_ASSIGN_OR_RETURN(
+      const int64_t device_bytes,
+      DeviceBytesFor(src, device_dtype, *device, tensor_name, "CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
   FERRY_ASSIGN_OR_RETURN(ClientLifetime::Token token,
                          ClientLifetime::Begin(lifetime_, fmt::format("tensor '{}'", tensor_name)));
   const std::shared_ptr<DeviceQueue>& queue = opencl_device->queue();

@@ -20,7 +20,7 @@ std::string View(const char* data, size_t size) {
   return data == nullptr ? std::string() : std::string(data, size);
 }
 
-// The named values for PJRT_Client_Create; `storage` keeps what they point at.
+// The named values for PJRT_Client_Create and the names they point at.
 struct NamedValues {
   std::vector<PJRT_NamedValue> values;
   std::vector<std::string> names;
@@ -73,8 +73,8 @@ StatusOr<NamedValues> MakeNamedValues(const ClientOptions& options) {
   return named;
 }
 
-// A dense view whose every byte stride is a whole number of elements and that the plugin can
-// read with its own strided copy (native byte order).
+// True when the plugin can read `src` with its own strided copy: native byte order, and every
+// byte stride a whole number of elements (the plugins read other strides wrongly, unchecked).
 bool PluginCanReadStrides(const HostView& src) {
   if (!src.IsNativeByteOrder()) return false;
   const int64_t element_size = src.element_size();
@@ -373,17 +373,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
   FERRY_RETURN_IF_ERROR(
       CheckBufferFromHostBufferArgs(*this, src, device_dtype, device, tensor_name));
   auto* pjrt_device = static_cast<PjrtDevice*>(device);
-  int64_t device_bytes = 0;
-  if (__builtin_mul_overflow(src.num_elements(), DTypeSize(device_dtype), &device_bytes)) {
-    return InvalidArgumentError(
-        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
-  }
-  if (const auto& max = pjrt_device->capabilities().max_buffer_bytes;
-      max.has_value() && device_bytes > *max) {
-    return ResourceExhaustedError(
-        fmt::format("tensor '{}' needs {} bytes; device {} allows at most {} per buffer",
-                    tensor_name, device_bytes, device->name(), *max));
-  }
+  FERRY_RETURN_IF_ERROR(DeviceBytesFor(src, device_dtype, *device, tensor_name).status());
   const bool same_dtype = src.dtype == device_dtype;
   if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
     const bool aliasable = same_dtype && src.IsRowMajorDense() && src.IsNativeByteOrder() &&
