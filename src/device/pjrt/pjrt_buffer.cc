@@ -9,7 +9,6 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
-#include "src/device/piece_counter.h"
 #include "src/device/pjrt/pjrt_client.h"
 
 namespace ferry::pjrt {
@@ -157,31 +156,16 @@ Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
   if (!token.ok()) return Future<>::Ready(token.status());
   Promise<> done;
   Future<> result = done.future();
-  if (parts_.ready.IsReady()) {
-    // The common case: the read starts on the caller's thread.
-    if (!parts_.ready.Await().ok()) return parts_.ready;
-    if (Status started = StartRead(source_, dst, done, /*on_worker=*/false); !started.ok()) {
-      done.Set(started);
-    }
-    return result;
-  }
-  // Otherwise once the data has arrived, from the thread that completes Ready() (a plugin or
-  // engine thread, which must not wait for staging): on the client's staging worker. The copy of
-  // the source holds the buffer's handle, so the device memory (or an alias's source, released
-  // at PJRT_Buffer_Destroy) outlives the read even if the buffer is destroyed first.
+  // The read starts once the data has arrived: at once, on this thread, when it has; else on the
+  // thread that completes Ready() (a plugin or engine thread: StartRead hands whatever may wait to
+  // the staging worker). The copy of the source holds the buffer's handle, so the device memory
+  // (or an alias's source, released at PJRT_Buffer_Destroy) outlives the read even if the buffer
+  // is destroyed first.
   parts_.ready.OnReady(
       [source = source_, dst, done, token = std::move(*token)](const Status& ready) mutable {
-        if (!ready.ok()) {
-          done.Set(ready);
-          return;
-        }
-        Status queued = source.client->RunOnStagingWorker(
-            [source, dst, done, token = std::move(token)](Status start) mutable {
-              if (start.ok()) start = StartRead(source, dst, done, /*on_worker=*/true);
-              if (!start.ok()) done.Set(std::move(start));
-              token.Release();
-            });
-        if (!queued.ok()) done.Set(std::move(queued));
+        Status started = ready.ok() ? StartRead(source, dst, done, /*on_worker=*/false) : ready;
+        if (!started.ok()) done.Set(std::move(started));
+        token.Release();
       });
   return result;
 }
