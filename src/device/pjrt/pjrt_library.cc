@@ -103,13 +103,17 @@ bool IsRegularFile(const fs::path& path) {
   return fs::is_regular_file(path, error);
 }
 
-// The shared libraries directly inside `folder`, sorted by name.
+// The shared libraries directly inside `folder`, sorted by name. ferry's own plugin (installed
+// in ferry's package) is never one of them: it wraps a real plugin and is named only by path.
 std::vector<fs::path> SharedLibrariesIn(const fs::path& folder) {
   std::vector<fs::path> found;
   std::error_code error;
   for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
     const fs::path& path = it->path();
-    if (path.extension() == ".so" && IsRegularFile(path)) found.push_back(path);
+    if (path.extension() == ".so" && path.filename() != "ferry_pjrt_plugin.so" &&
+        IsRegularFile(path)) {
+      found.push_back(path);
+    }
   }
   std::sort(found.begin(), found.end());
   return found;

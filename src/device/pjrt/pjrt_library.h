@@ -56,6 +56,7 @@ std::vector<std::string> PythonPackageSearchPath();
 // - empty: FERRY_PJRT_PLUGIN if set (a path or a package name, as above), else the first plugin
 //   found among installed packages (a `.so` with "pjrt" in its name, or any `.so` in a package
 //   under `xla_plugins/` or `jax_plugins/`), in search-path order.
+// ferry's own plugin (ferry_pjrt_plugin.so, which wraps another) is found only by its path.
 // Unavailable, saying where it looked, when there is none.
 StatusOr<std::string> FindPjrtPlugin(std::string_view requested);
 
