@@ -1,0 +1,22 @@
+// PJRT_Buffer_ToHostBuffer in ferry's plugin.
+//
+// Checked first: null args or source buffer, a destination smaller than the buffer (the plugin
+// would write past it). A size query (null dst) and every case below that ferry does not take go
+// to the wrapped plugin unchanged.
+//
+// ferry reads the buffer itself when the buffer is in host memory (PJRT_Buffer_IsOnCpu), has an
+// element type ferry knows, a row-major untiled layout, no host_layout is asked for, and its ready
+// event is already complete without error: then the copy runs through CopyConvertPlan on the
+// transfer engine's workers during the call, and the returned event is the buffer's (complete)
+// ready event. A buffer still being computed goes to the plugin, which orders the copy after it.
+//
+// Threading: any thread; the caller waits for the engine's workers during the copy.
+#pragma once
+
+#include "pjrt_c_api.h"
+
+namespace ferry::plugin {
+
+PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args);
+
+}  // namespace ferry::plugin

@@ -1,0 +1,105 @@
+#include "src/plugin/plugin_errors.h"
+
+#include <atomic>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "ferry/core/mutex.h"
+#include "src/device/pjrt/pjrt_runtime.h"
+
+// The opaque type of the C API, defined by each plugin for its own errors; ferry's errors are a
+// different type behind the same name, told apart by the registry below, never by reading them.
+struct FerryPluginError {
+  PJRT_Error_Code code;
+  std::string message;
+};
+
+namespace ferry::plugin {
+namespace {
+
+std::atomic<const PJRT_Api*> wrapped_api{nullptr};
+
+// The errors ferry made and nobody has destroyed yet. Never freed: plugin threads may report
+// errors while the process exits.
+class ErrorRegistry {
+ public:
+  void Add(const void* error) {
+    MutexLock lock(mutex_);
+    live_.insert(error);
+  }
+  // True (and forgets it) when `error` was ferry's.
+  bool Remove(const void* error) {
+    MutexLock lock(mutex_);
+    return live_.erase(error) > 0;
+  }
+  bool Contains(const void* error) {
+    MutexLock lock(mutex_);
+    return live_.contains(error);
+  }
+
+ private:
+  Mutex mutex_;
+  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mutex_);
+};
+
+ErrorRegistry& Registry() {
+  static auto* registry = new ErrorRegistry();
+  return *registry;
+}
+
+FerryPluginError* AsFerryError(PJRT_Error* error) {
+  return Registry().Contains(error) ? reinterpret_cast<FerryPluginError*>(error) : nullptr;
+}
+
+}  // namespace
+
+PJRT_Error* MakeError(const Status& status) {
+  // PJRT's codes are abseil's, value for value.
+  auto* error = new FerryPluginError{static_cast<PJRT_Error_Code>(status.code()),
+                                     "ferry_pjrt_plugin: " + std::string(status.message())};
+  Registry().Add(error);
+  return reinterpret_cast<PJRT_Error*>(error);
+}
+
+Status TakeError(const PJRT_Api& wrapped, PJRT_Error* error) {
+  if (error == nullptr) return OkStatus();
+  if (Registry().Remove(error)) {
+    std::unique_ptr<FerryPluginError> mine(reinterpret_cast<FerryPluginError*>(error));
+    return Status(static_cast<absl::StatusCode>(mine->code), mine->message);
+  }
+  return pjrt::ErrorToStatus(wrapped, error, "wrapped plugin");
+}
+
+void SetWrappedErrorApi(const PJRT_Api* wrapped) { wrapped_api.store(wrapped); }
+
+void DestroyError(PJRT_Error_Destroy_Args* args) {
+  if (args == nullptr || args->error == nullptr) return;
+  if (Registry().Remove(args->error)) {
+    delete reinterpret_cast<FerryPluginError*>(args->error);
+    return;
+  }
+  if (const PJRT_Api* wrapped = wrapped_api.load()) wrapped->PJRT_Error_Destroy(args);
+}
+
+void ErrorMessage(PJRT_Error_Message_Args* args) {
+  if (args == nullptr) return;
+  // The message lives until the error is destroyed, as PJRT promises.
+  if (FerryPluginError* mine = AsFerryError(const_cast<PJRT_Error*>(args->error))) {
+    args->message = mine->message.data();
+    args->message_size = mine->message.size();
+    return;
+  }
+  if (const PJRT_Api* wrapped = wrapped_api.load()) wrapped->PJRT_Error_Message(args);
+}
+
+PJRT_Error* ErrorGetCode(PJRT_Error_GetCode_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Error_GetCode: null args"));
+  if (FerryPluginError* mine = AsFerryError(const_cast<PJRT_Error*>(args->error))) {
+    args->code = mine->code;
+    return nullptr;
+  }
+  if (const PJRT_Api* wrapped = wrapped_api.load()) return wrapped->PJRT_Error_GetCode(args);
+  return MakeError(FailedPreconditionError("PJRT_Error_GetCode: no wrapped plugin"));
+}
+
+}  // namespace ferry::plugin

@@ -1,0 +1,148 @@
+#include "src/plugin/wrapped_plugin.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+#include <thread>
+
+#include "fmt/format.h"
+#include "src/device/pjrt/pjrt_runtime.h"
+#include "src/plugin/device_to_host.h"
+#include "src/plugin/host_to_device.h"
+#include "src/plugin/plugin_errors.h"
+
+namespace ferry::plugin {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The file this code was loaded from (ferry_pjrt_plugin.so), to refuse wrapping itself.
+std::string OwnPath() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&OwnPath), &info) == 0 || info.dli_fname == nullptr) {
+    return {};
+  }
+  return info.dli_fname;
+}
+
+StatusOr<std::string> WrappedPluginPath() {
+  std::string path;
+  if (const char* env = std::getenv("FERRY_PJRT_WRAPPED_PLUGIN"); env != nullptr && *env != '\0') {
+    FERRY_ASSIGN_OR_RETURN(path, pjrt::FindPjrtPlugin(env));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(path, pjrt::FindPjrtPlugin(""));
+  }
+  std::error_code error;
+  const std::string own = OwnPath();
+  if (!own.empty() && fs::equivalent(fs::path(path), fs::path(own), error)) {
+    return InvalidArgumentError(fmt::format(
+        "the plugin to wrap is ferry's own ({}): set FERRY_PJRT_WRAPPED_PLUGIN to another plugin",
+        path));
+  }
+  return path;
+}
+
+// Writes `entry` at `offset` of `table` when the wrapped table has that slot (it is never grown).
+template <typename Function>
+void Replace(PJRT_Api* table, size_t offset, Function* entry) {
+  if (offset + sizeof(entry) > table->struct_size) return;
+  std::memcpy(reinterpret_cast<std::byte*>(table) + offset, &entry, sizeof(entry));
+}
+#define FERRY_REPLACE(table, name, entry) Replace(table, offsetof(PJRT_Api, name), entry)
+
+PJRT_Error* InitializeAlreadyDone(PJRT_Plugin_Initialize_Args* /*args*/) {
+  // LoadPjrtLibrary initialised the wrapped plugin when ferry loaded it.
+  return nullptr;
+}
+
+}  // namespace
+
+StatusOr<WrappedPlugin*> WrappedPlugin::Get() {
+  static const StatusOr<WrappedPlugin*>* instance = new StatusOr<WrappedPlugin*>(Make());
+  return *instance;
+}
+
+StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
+  FERRY_ASSIGN_OR_RETURN(const std::string path, WrappedPluginPath());
+  FERRY_ASSIGN_OR_RETURN(const pjrt::PjrtLibrary* library, pjrt::LoadPjrtLibrary(path));
+  const PJRT_Api& wrapped = *library->api;
+  if (wrapped.struct_size < offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer) + sizeof(void*)) {
+    return UnavailableError(
+        fmt::format("the PJRT plugin {} has a table of only {} bytes", path, wrapped.struct_size));
+  }
+  auto* plugin = new WrappedPlugin();
+  plugin->library_ = library;
+  SetWrappedErrorApi(library->api);
+  // The whole table, at its own size: entries newer than ferry's header pass through untouched.
+  auto* table = static_cast<PJRT_Api*>(std::calloc(1, wrapped.struct_size));
+  std::memcpy(table, &wrapped, wrapped.struct_size);
+  FERRY_REPLACE(table, PJRT_Error_Destroy, &DestroyError);
+  FERRY_REPLACE(table, PJRT_Error_Message, &ErrorMessage);
+  FERRY_REPLACE(table, PJRT_Error_GetCode, &ErrorGetCode);
+  FERRY_REPLACE(table, PJRT_Plugin_Initialize, &InitializeAlreadyDone);
+  FERRY_REPLACE(table, PJRT_Client_BufferFromHostBuffer, &BufferFromHostBuffer);
+  FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
+  plugin->table_ = table;
+  plugin->engine_ = std::make_unique<host::TransferEngine>(
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  plugin->memory_ = std::make_shared<MemoryAccount>(std::nullopt);
+  return plugin;
+}
+
+bool WrappedPlugin::HostAddressable(PJRT_Client* client) {
+  {
+    MutexLock lock(mutex_);
+    if (auto it = host_addressable_.find(client); it != host_addressable_.end()) return it->second;
+  }
+  bool addressable = FERRY_PJRT_HAS(library(), PJRT_Client_CreateViewOfDeviceBuffer) &&
+                     FERRY_PJRT_HAS(library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer) &&
+                     FERRY_PJRT_HAS(library(), PJRT_Client_PlatformName);
+  if (addressable) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Client_PlatformName_Args);
+    args.client = client;
+    addressable =
+        TakeError(wrapped(), wrapped().PJRT_Client_PlatformName(&args)).ok() &&
+        std::string_view(args.platform_name, args.platform_name_size) == std::string_view("cpu");
+  }
+  MutexLock lock(mutex_);
+  host_addressable_[client] = addressable;
+  return addressable;
+}
+
+namespace {
+
+Status* failure_reason = nullptr;
+
+PJRT_Error* Unavailable(void* /*args*/) { return MakeError(*failure_reason); }
+
+}  // namespace
+
+const PJRT_Api* FailureTable(const Status& reason) {
+  static PJRT_Api* table = [&reason] {
+    failure_reason = new Status(reason);
+    auto* failure = new PJRT_Api{};
+    failure->struct_size = PJRT_Api_STRUCT_SIZE;
+    failure->pjrt_api_version.struct_size = PJRT_Api_Version_STRUCT_SIZE;
+    failure->pjrt_api_version.major_version = PJRT_API_MAJOR;
+    failure->pjrt_api_version.minor_version = PJRT_API_MINOR;
+    // Every entry of the C API has the shape PJRT_Error*(Args*), except the error entries.
+    auto* unavailable = &Unavailable;
+    const size_t first = offsetof(PJRT_Api, PJRT_Error_Destroy);
+    for (size_t offset = first; offset + sizeof(void*) <= PJRT_Api_STRUCT_SIZE;
+         offset += sizeof(void*)) {
+      std::memcpy(reinterpret_cast<std::byte*>(failure) + offset, &unavailable, sizeof(void*));
+    }
+    failure->PJRT_Error_Destroy = &DestroyError;
+    failure->PJRT_Error_Message = &ErrorMessage;
+    failure->PJRT_Error_GetCode = &ErrorGetCode;
+    return failure;
+  }();
+  return table;
+}
+
+}  // namespace ferry::plugin

@@ -1,0 +1,72 @@
+// WrappedPlugin: the real PJRT plugin that ferry's plugin (ferry_pjrt_plugin.so) stands in front
+// of, and what ferry's replacement entries share.
+//
+// GetPjrtApi() (ferry_pjrt_plugin.cc) makes the one instance the first time it is called:
+// - the wrapped plugin is FERRY_PJRT_WRAPPED_PLUGIN (a path or an installed package name), else
+//   the pjrt backend's discovery (FindPjrtPlugin: FERRY_PJRT_PLUGIN, then the installed packages;
+//   ferry's own plugin is never picked), loaded with LoadPjrtLibrary (dlopen RTLD_NODELETE, its
+//   PJRT_Plugin_Initialize run once);
+// - ferry's table is a byte copy of the wrapped table, of the wrapped table's own struct_size (a
+//   newer plugin's extra entries pass through untouched), with only these entries replaced: the
+//   three error entries (plugin_errors.h), PJRT_Plugin_Initialize (the wrapped plugin is already
+//   initialised), PJRT_Client_BufferFromHostBuffer (host_to_device.h) and PJRT_Buffer_ToHostBuffer
+//   (device_to_host.h). An entry the wrapped table lacks is never added.
+//
+// Ownership: the instance, the table and the wrapped library live until the process exits (plugin
+// threads may call into them at exit). Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "ferry/core/mutex.h"
+#include "ferry/core/status.h"
+#include "ferry/device/memory_account.h"
+#include "src/device/host/transfer_engine.h"
+#include "src/device/pjrt/pjrt_library.h"
+
+namespace ferry::plugin {
+
+class WrappedPlugin {
+ public:
+  // The instance, made on the first call (later calls return the same result, errors included).
+  static StatusOr<WrappedPlugin*> Get();
+
+  const pjrt::PjrtLibrary& library() const { return *library_; }
+  // The wrapped plugin's own table: every call ferry makes to the plugin goes here.
+  const PJRT_Api& wrapped() const { return *library_->api; }
+  // ferry's table, handed to the caller of GetPjrtApi.
+  const PJRT_Api* table() const { return table_; }
+
+  // The workers that run ferry's copies (one per core).
+  host::TransferEngine& engine() { return *engine_; }
+  // The account of the device memory ferry allocates for plugin buffers (no limit: the plugin's
+  // own memory has none either).
+  const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
+
+  // True when buffers of `client` are host memory that ferry may write and read itself: the
+  // platform is "cpu" and the wrapped plugin has PJRT_Client_CreateViewOfDeviceBuffer and
+  // PJRT_Buffer_OpaqueDeviceMemoryDataPointer. Asked once per client.
+  bool HostAddressable(PJRT_Client* client);
+
+ private:
+  WrappedPlugin() = default;
+  static StatusOr<WrappedPlugin*> Make();
+
+  const pjrt::PjrtLibrary* library_ = nullptr;
+  PJRT_Api* table_ = nullptr;
+  std::unique_ptr<host::TransferEngine> engine_;
+  std::shared_ptr<MemoryAccount> memory_;
+  Mutex mutex_;
+  // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends
+  // only on the plugin, so a stale entry is still right.
+  absl::flat_hash_map<PJRT_Client*, bool> host_addressable_ ABSL_GUARDED_BY(mutex_);
+};
+
+// The table ferry hands out when the wrapped plugin cannot be loaded: every entry returns an
+// Unavailable error with `reason` (so the caller's PJRT_Plugin_Initialize fails with it), and the
+// error entries answer ferry's errors.
+const PJRT_Api* FailureTable(const Status& reason);
+
+}  // namespace ferry::plugin

@@ -1,0 +1,316 @@
+// ferry_pjrt_plugin.so through its C table, as JAX calls it: the table is the wrapped plugin's
+// with only the transfer (and error) entries replaced; bad input is refused with an error instead
+// of reaching the plugin; strided sources come out bit-identical to the wrapped plugin's own
+// upload; done_with_host_buffer is a real event of the wrapped plugin.
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pjrt_c_api.h"
+#include "src/device/pjrt/pjrt_library.h"
+#include "src/device/pjrt/pjrt_runtime.h"
+
+namespace ferry {
+namespace {
+
+using pjrt::Args;
+
+const PJRT_Api* FerryTable() {
+  static const PJRT_Api* table = [] {
+    void* handle = dlopen(FERRY_PJRT_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (handle == nullptr) return static_cast<const PJRT_Api*>(nullptr);
+    auto get = reinterpret_cast<const PJRT_Api* (*)()>(dlsym(handle, "GetPjrtApi"));
+    return get == nullptr ? nullptr : get();
+  }();
+  return table;
+}
+
+// The plugin ferry wraps here, loaded on its own (the same discovery ferry's plugin uses).
+const pjrt::PjrtLibrary* Wrapped() {
+  StatusOr<std::string> path = pjrt::FindPjrtPlugin("");
+  if (!path.ok()) return nullptr;
+  StatusOr<const pjrt::PjrtLibrary*> library = pjrt::LoadPjrtLibrary(*path);
+  return library.ok() ? *library : nullptr;
+}
+
+// "" for no error, else "<code>: <message>"; destroys the error through `api`.
+std::string Describe(const PJRT_Api& api, PJRT_Error* error) {
+  if (error == nullptr) return "";
+  auto message = FERRY_PJRT_ARGS(PJRT_Error_Message_Args);
+  message.error = error;
+  api.PJRT_Error_Message(&message);
+  auto code = FERRY_PJRT_ARGS(PJRT_Error_GetCode_Args);
+  code.error = error;
+  EXPECT_EQ(api.PJRT_Error_GetCode(&code), nullptr);
+  std::string text =
+      std::to_string(code.code) + ": " + std::string(message.message, message.message_size);
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = error;
+  api.PJRT_Error_Destroy(&destroy);
+  return text;
+}
+
+class Client {
+ public:
+  explicit Client(const PJRT_Api& api) : api_(api) {
+    auto create = FERRY_PJRT_ARGS(PJRT_Client_Create_Args);
+    EXPECT_EQ(Describe(api, api.PJRT_Client_Create(&create)), "");
+    client_ = create.client;
+    auto devices = FERRY_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+    devices.client = client_;
+    EXPECT_EQ(Describe(api, api.PJRT_Client_AddressableDevices(&devices)), "");
+    device_ = devices.addressable_devices[0];
+  }
+  ~Client() {
+    auto destroy = FERRY_PJRT_ARGS(PJRT_Client_Destroy_Args);
+    destroy.client = client_;
+    Describe(api_, api_.PJRT_Client_Destroy(&destroy));
+  }
+  PJRT_Client_BufferFromHostBuffer_Args PutArgs(const void* data, PJRT_Buffer_Type type,
+                                                const std::vector<int64_t>& dims,
+                                                const std::vector<int64_t>* strides) const {
+    auto args = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+    args.client = client_;
+    args.data = data;
+    args.type = type;
+    args.dims = dims.data();
+    args.num_dims = dims.size();
+    if (strides != nullptr) {
+      args.byte_strides = strides->data();
+      args.num_byte_strides = strides->size();
+    }
+    args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+    args.device = device_;
+    return args;
+  }
+  // Uploads, waits for done_with_host_buffer, reads the buffer back densely, destroys it.
+  std::vector<std::byte> RoundTrip(PJRT_Client_BufferFromHostBuffer_Args args, size_t bytes) {
+    std::vector<std::byte> out(bytes);
+    EXPECT_EQ(Describe(api_, api_.PJRT_Client_BufferFromHostBuffer(&args)), "");
+    if (args.buffer == nullptr) return out;
+    EXPECT_EQ(pjrt::AwaitEvent(api_, args.done_with_host_buffer, "done").ToString(), "OK");
+    auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    read.src = args.buffer;
+    read.dst = out.data();
+    read.dst_size = out.size();
+    EXPECT_EQ(Describe(api_, api_.PJRT_Buffer_ToHostBuffer(&read)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(api_, read.event, "read").ToString(), "OK");
+    auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+    destroy.buffer = args.buffer;
+    EXPECT_EQ(Describe(api_, api_.PJRT_Buffer_Destroy(&destroy)), "");
+    return out;
+  }
+
+  PJRT_Client* client() const { return client_; }
+  PJRT_Device* device() const { return device_; }
+
+ private:
+  const PJRT_Api& api_;
+  PJRT_Client* client_ = nullptr;
+  PJRT_Device* device_ = nullptr;
+};
+
+class FerryPjrtPluginTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Wrapped() == nullptr) GTEST_SKIP() << "no PJRT plugin installed (pip install xla-cpu-pjrt)";
+    ASSERT_NE(FerryTable(), nullptr)
+        << "cannot load " << FERRY_PJRT_PLUGIN_PATH << ": " << dlerror();
+  }
+  const PJRT_Api& ferry() const { return *FerryTable(); }
+  const PJRT_Api& wrapped() const { return *Wrapped()->api; }
+};
+
+TEST_F(FerryPjrtPluginTest,
+       table_is_the_wrapped_table_with_only_transfer_and_error_entries_replaced) {
+  ASSERT_EQ(ferry().struct_size, wrapped().struct_size);
+  EXPECT_EQ(ferry().pjrt_api_version.minor_version, wrapped().pjrt_api_version.minor_version);
+  const std::vector<size_t> replaced = {offsetof(PJRT_Api, PJRT_Error_Destroy),
+                                        offsetof(PJRT_Api, PJRT_Error_Message),
+                                        offsetof(PJRT_Api, PJRT_Error_GetCode),
+                                        offsetof(PJRT_Api, PJRT_Plugin_Initialize),
+                                        offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
+                                        offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer)};
+  int same = 0;
+  for (size_t offset = offsetof(PJRT_Api, PJRT_Error_Destroy);
+       offset + sizeof(void*) <= wrapped().struct_size; offset += sizeof(void*)) {
+    const bool equal =
+        std::memcmp(reinterpret_cast<const std::byte*>(&ferry()) + offset,
+                    reinterpret_cast<const std::byte*>(&wrapped()) + offset, sizeof(void*)) == 0;
+    const bool is_replaced = std::find(replaced.begin(), replaced.end(), offset) != replaced.end();
+    EXPECT_EQ(equal, !is_replaced) << "entry at offset " << offset;
+    same += equal;
+  }
+  EXPECT_GT(same, 50);
+}
+
+TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an_error) {
+  Client client(ferry());
+  const float data[4] = {1, 2, 3, 4};
+  const std::vector<int64_t> dims = {2, 2};
+  const std::vector<int64_t> one_stride = {8};
+  const std::vector<int64_t> negative = {-1, 2};
+  struct Case {
+    std::string name;
+    PJRT_Client_BufferFromHostBuffer_Args args;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  auto base = [&] { return client.PutArgs(data, PJRT_Buffer_Type_F32, dims, nullptr); };
+  cases.push_back({"null dims", base(), "dims is null"});
+  cases.back().args.dims = nullptr;
+  cases.push_back({"null data", base(), "data is null"});
+  cases.back().args.data = nullptr;
+  cases.back().args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  cases.push_back({"no device, no memory", base(), "neither a device nor a memory"});
+  cases.back().args.device = nullptr;
+  cases.push_back({"invalid type", base(), "not a valid PJRT_Buffer_Type"});
+  cases.back().args.type = static_cast<PJRT_Buffer_Type>(1000);
+  cases.push_back({"INVALID type", base(), "not a valid PJRT_Buffer_Type"});
+  cases.back().args.type = PJRT_Buffer_Type_INVALID;
+  cases.push_back({"TOKEN", base(), "not a valid PJRT_Buffer_Type"});
+  cases.back().args.type = PJRT_Buffer_Type_TOKEN;
+  cases.push_back({"strides count", client.PutArgs(data, PJRT_Buffer_Type_F32, dims, &one_stride),
+                   "1 byte strides for 2 dims"});
+  cases.push_back(
+      {"negative dim", client.PutArgs(data, PJRT_Buffer_Type_F32, negative, nullptr), "negative"});
+  cases.push_back({"null client", base(), "null client"});
+  cases.back().args.client = nullptr;
+  cases.push_back({"semantics", base(), "unknown host_buffer_semantics"});
+  cases.back().args.host_buffer_semantics = static_cast<PJRT_HostBufferSemantics>(77);
+  for (Case& c : cases) {
+    std::string error = Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&c.args));
+    EXPECT_NE(error.find("ferry_pjrt_plugin"), std::string::npos) << c.name << ": " << error;
+    EXPECT_NE(error.find(c.expected), std::string::npos) << c.name << ": " << error;
+    EXPECT_EQ(error.rfind("3: ", 0), 0u) << c.name << " (INVALID_ARGUMENT): " << error;
+  }
+  EXPECT_NE(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(nullptr)), "");
+}
+
+TEST_F(FerryPjrtPluginTest, wrapped_plugin_errors_pass_through_with_the_plugin_message) {
+  // The plugin refuses a strided host layout for ToHostBuffer (REFERENCE.md): its own error,
+  // read through ferry's error entries.
+  Client client(ferry());
+  const float data[4] = {1, 2, 3, 4};
+  const std::vector<int64_t> dims = {2, 2};
+  auto put = client.PutArgs(data, PJRT_Buffer_Type_F32, dims, nullptr);
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+  pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").IgnoreError();
+  float out[8];
+  const int64_t strides[2] = {16, 4};
+  PJRT_Buffer_MemoryLayout layout{};
+  layout.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
+  layout.type = PJRT_Buffer_MemoryLayout_Type_Strides;
+  layout.strides.struct_size = PJRT_Buffer_MemoryLayout_Strides_STRUCT_SIZE;
+  layout.strides.byte_strides = strides;
+  layout.strides.num_byte_strides = 2;
+  auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  read.src = put.buffer;
+  read.host_layout = &layout;
+  read.dst = out;
+  read.dst_size = sizeof(out);
+  std::string error = Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read));
+  if (error.empty()) pjrt::AwaitEvent(ferry(), read.event, "read").IgnoreError();
+  EXPECT_NE(error, "");
+  EXPECT_EQ(error.find("ferry_pjrt_plugin"), std::string::npos) << error;
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  destroy.buffer = put.buffer;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+}
+
+TEST_F(FerryPjrtPluginTest, strided_sources_match_the_wrapped_plugin_bit_for_bit) {
+  const uint32_t seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 random(seed);
+  constexpr int64_t kRows = 37;
+  constexpr int64_t kColumns = 53;
+  std::vector<float> source(kRows * kColumns);
+  for (float& value : source) value = std::uniform_real_distribution<float>(-1e3f, 1e3f)(random);
+  const auto* base = reinterpret_cast<const std::byte*>(source.data());
+  struct Case {
+    std::string name;
+    const void* data;
+    std::vector<int64_t> dims;
+    std::vector<int64_t> strides;
+  };
+  const int64_t row = kColumns * 4;
+  const std::vector<Case> cases = {
+      {"transposed", base, {kColumns, kRows}, {4, row}},
+      {"every other row and column", base, {(kRows + 1) / 2, (kColumns + 1) / 2}, {2 * row, 8}},
+      {"negative strides",
+       base + (kRows - 1) * row + (kColumns - 1) * 4,
+       {kRows, kColumns},
+       {-row, -4}},
+      {"broadcast row", base, {5, kColumns}, {0, 4}},
+      {"dense, unaligned", base + 4, {kRows - 1, kColumns}, {row, 4}},
+      {"empty", base, {0, kColumns}, {row, 4}},
+  };
+  Client ferry_client(ferry());
+  Client wrapped_client(wrapped());
+  for (const Case& c : cases) {
+    int64_t count = 1;
+    for (int64_t dim : c.dims) count *= dim;
+    const size_t bytes = static_cast<size_t>(count) * 4;
+    std::vector<std::byte> through_ferry = ferry_client.RoundTrip(
+        ferry_client.PutArgs(c.data, PJRT_Buffer_Type_F32, c.dims, &c.strides), bytes);
+    std::vector<std::byte> through_plugin = wrapped_client.RoundTrip(
+        wrapped_client.PutArgs(c.data, PJRT_Buffer_Type_F32, c.dims, &c.strides), bytes);
+    EXPECT_EQ(through_ferry, through_plugin) << c.name;
+    // And against a reference gathered here, so that both cannot be wrong together.
+    std::vector<std::byte> expected(bytes);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = i / c.dims[1];
+      const int64_t k = i % c.dims[1];
+      std::memcpy(expected.data() + i * 4,
+                  static_cast<const std::byte*>(c.data) + r * c.strides[0] + k * c.strides[1], 4);
+    }
+    EXPECT_EQ(through_ferry, expected) << c.name;
+  }
+}
+
+TEST_F(FerryPjrtPluginTest, done_with_host_buffer_is_a_complete_event_of_the_wrapped_plugin) {
+  Client client(ferry());
+  std::vector<double> source(64 * 64);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<double>(i) * 0.5;
+  const std::vector<int64_t> dims = {64, 64};
+  const std::vector<int64_t> transposed = {8, 64 * 8};
+  auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F64, dims, &transposed);
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+  ASSERT_NE(put.done_with_host_buffer, nullptr);
+  auto ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  ready.event = put.done_with_host_buffer;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&ready)), "");
+  EXPECT_TRUE(ready.is_ready) << "ferry reads the source during the call";
+  // The source may change now: the buffer keeps what was read.
+  std::vector<double> original = source;
+  std::fill(source.begin(), source.end(), -1.0);
+  EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+  std::vector<double> out(64 * 64);
+  auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  read.src = put.buffer;
+  read.dst = out.data();
+  read.dst_size = out.size() * sizeof(double);
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)), "");
+  EXPECT_EQ(pjrt::AwaitEvent(ferry(), read.event, "read").ToString(), "OK");
+  EXPECT_EQ(out[1], original[64]);
+  EXPECT_EQ(out[64], original[1]);
+  // A destination too small is refused, not written past.
+  read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  read.src = put.buffer;
+  read.dst = out.data();
+  read.dst_size = 8;
+  EXPECT_NE(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)).find("smaller"),
+            std::string::npos);
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  destroy.buffer = put.buffer;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+}
+
+}  // namespace
+}  // namespace ferry
