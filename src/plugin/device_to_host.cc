@@ -89,6 +89,11 @@ PJRT_Event* CompleteReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
   return ready.event;
 }
 
+PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
+  Counters().reads_by_plugin.fetch_add(1, std::memory_order_relaxed);
+  return api.PJRT_Buffer_ToHostBuffer(args);
+}
+
 }  // namespace
 
 PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
@@ -97,19 +102,19 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& api = (*plugin)->wrapped();
-  if (args->dst == nullptr || args->host_layout != nullptr)
-    return api.PJRT_Buffer_ToHostBuffer(args);
+  if (args->dst == nullptr || args->host_layout != nullptr) return ByPlugin(api, args);
   std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
-  if (!source.has_value()) return api.PJRT_Buffer_ToHostBuffer(args);
+  if (!source.has_value()) return ByPlugin(api, args);
   const HostView src = HostView::Dense(source->data, source->dtype, source->dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (args->dst_size < static_cast<size_t>(size_bytes)) {
+    Counters().refused.fetch_add(1, std::memory_order_relaxed);
     return MakeError(InvalidArgumentError(
         fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
                     args->dst_size, size_bytes)));
   }
   PJRT_Event* ready = CompleteReadyEvent(api, args->src);
-  if (ready == nullptr) return api.PJRT_Buffer_ToHostBuffer(args);
+  if (ready == nullptr) return ByPlugin(api, args);
   if (size_bytes > 0) {
     StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
         src, MutableHostView::Dense(args->dst, source->dtype, source->dims));
@@ -125,6 +130,7 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     }
   }
   // The copy is done: the (complete) ready event is the read's event.
+  Counters().reads_by_ferry.fetch_add(1, std::memory_order_relaxed);
   args->event = ready;
   return nullptr;
 }

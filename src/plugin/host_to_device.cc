@@ -168,7 +168,10 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& api = (*plugin)->wrapped();
   int64_t num_elements = 0;
-  if (Status status = Check(*args, num_elements); !status.ok()) return MakeError(status);
+  if (Status status = Check(*args, num_elements); !status.ok()) {
+    Counters().refused.fetch_add(1, std::memory_order_relaxed);
+    return MakeError(status);
+  }
   if (num_elements == 0 && args->data == nullptr) args->data = kEmpty;
 
   const std::optional<DType> dtype = FromPjrtType(args->type);
@@ -188,10 +191,12 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
         if (Status status = WriteAndView(**plugin, *args, *dtype, *memory); !status.ok()) {
           return MakeError(status);
         }
+        Counters().puts_by_ferry.fetch_add(1, std::memory_order_relaxed);
         return nullptr;
       }
     }
   }
+  Counters().puts_by_plugin.fetch_add(1, std::memory_order_relaxed);
   return api.PJRT_Client_BufferFromHostBuffer(args);
 }
 

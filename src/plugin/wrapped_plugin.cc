@@ -62,6 +62,11 @@ PJRT_Error* InitializeAlreadyDone(PJRT_Plugin_Initialize_Args* /*args*/) {
 
 }  // namespace
 
+PathCounters& Counters() {
+  static auto* counters = new PathCounters();
+  return *counters;
+}
+
 StatusOr<WrappedPlugin*> WrappedPlugin::Get() {
   static const StatusOr<WrappedPlugin*>* instance = new StatusOr<WrappedPlugin*>(Make());
   return *instance;

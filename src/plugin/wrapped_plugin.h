@@ -16,6 +16,8 @@
 // threads may call into them at exit). Thread-safe.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -27,6 +29,17 @@
 #include "src/device/pjrt/pjrt_library.h"
 
 namespace ferry::plugin {
+
+// How many calls of each replaced transfer entry took which path (ferry's counters, readable
+// from outside through FerryPjrtPluginCounters in ferry_pjrt_plugin.cc). Relaxed atomics.
+struct PathCounters {
+  std::atomic<int64_t> puts_by_ferry{0};    // written by ferry, handed over as a view
+  std::atomic<int64_t> puts_by_plugin{0};   // passed to the wrapped plugin (aliasing included)
+  std::atomic<int64_t> reads_by_ferry{0};   // ToHostBuffer copied by ferry
+  std::atomic<int64_t> reads_by_plugin{0};  // ToHostBuffer passed to the wrapped plugin
+  std::atomic<int64_t> refused{0};          // bad input answered with an error
+};
+PathCounters& Counters();
 
 class WrappedPlugin {
  public:

@@ -20,6 +20,18 @@ namespace {
 
 using pjrt::Args;
 
+// FerryPjrtPluginCounters of the loaded plugin: [puts by ferry, puts by the plugin, reads by
+// ferry, reads by the plugin, refused].
+std::vector<int64_t> Counters() {
+  void* handle = dlopen(FERRY_PJRT_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  auto read = reinterpret_cast<int (*)(int64_t*, int)>(
+      handle == nullptr ? nullptr : dlsym(handle, "FerryPjrtPluginCounters"));
+  if (read == nullptr) return {};
+  std::vector<int64_t> values(5);
+  read(values.data(), static_cast<int>(values.size()));
+  return values;
+}
+
 const PJRT_Api* FerryTable() {
   static const PJRT_Api* table = [] {
     void* handle = dlopen(FERRY_PJRT_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
@@ -189,6 +201,7 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
     EXPECT_NE(error.find(c.expected), std::string::npos) << c.name << ": " << error;
     EXPECT_EQ(error.rfind("3: ", 0), 0u) << c.name << " (INVALID_ARGUMENT): " << error;
   }
+  EXPECT_GE(Counters()[4], static_cast<int64_t>(cases.size())) << "refused";
   EXPECT_NE(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(nullptr)), "");
 }
 
@@ -253,6 +266,8 @@ TEST_F(FerryPjrtPluginTest, strided_sources_match_the_wrapped_plugin_bit_for_bit
   };
   Client ferry_client(ferry());
   Client wrapped_client(wrapped());
+  const std::vector<int64_t> before = Counters();
+  ASSERT_EQ(before.size(), 5u);
   for (const Case& c : cases) {
     int64_t count = 1;
     for (int64_t dim : c.dims) count *= dim;
@@ -272,6 +287,11 @@ TEST_F(FerryPjrtPluginTest, strided_sources_match_the_wrapped_plugin_bit_for_bit
     }
     EXPECT_EQ(through_ferry, expected) << c.name;
   }
+  // Every case (all strided, unaligned or empty) was written and read by ferry, not the plugin.
+  const std::vector<int64_t> after = Counters();
+  EXPECT_EQ(after[0] - before[0], static_cast<int64_t>(cases.size())) << "puts by ferry";
+  EXPECT_EQ(after[1] - before[1], 0) << "puts by the plugin";
+  EXPECT_EQ(after[2] - before[2], static_cast<int64_t>(cases.size()) - 1) << "reads by ferry";
 }
 
 TEST_F(FerryPjrtPluginTest, done_with_host_buffer_is_a_complete_event_of_the_wrapped_plugin) {

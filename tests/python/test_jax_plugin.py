@@ -1,0 +1,254 @@
+"""JAX through ferry's PJRT plugin (ferry.jax, docs/jax.md) against the wrapped plugin alone.
+
+Both plugins are registered in one fresh JAX process (JAX reads its plugins once, before its first
+backend), and every case is run through both: the results must be bit-identical to each other
+and to numpy. The subprocess prints one JSON object; each test below checks its part of it.
+"""
+
+import json
+import os
+
+import pytest
+
+from conftest import run_python
+
+ferry_jax = pytest.importorskip("ferry.jax", reason="ferry's Python package is not importable")
+pytest.importorskip("jax", reason="JAX is not installed (pip install '.[test]')")
+
+try:
+    PLUGIN = ferry_jax.plugin_path()
+except Exception as error:  # noqa: BLE001 - the reason is reported as the skip's reason
+    PLUGIN = None
+    PLUGIN_MISSING = str(error)
+
+
+def _wrapped_plugin():
+    """The XLA CPU plugin at API 0.81 (the version JAX 0.10.2 runs), or None."""
+    try:
+        import xla_plugins.xla_cpu_pjrt as package
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(package.__file__), "xla_cpu_pjrt.so")
+    return path if os.path.isfile(path) else None
+
+
+WRAPPED = _wrapped_plugin()
+pytestmark = [
+    pytest.mark.skipif(PLUGIN is None, reason="ferry_pjrt_plugin.so not built or installed"),
+    pytest.mark.skipif(WRAPPED is None, reason="no XLA CPU plugin (pip install xla-cpu-pjrt)"),
+]
+
+# Runs in a fresh interpreter: registers "ferry" (ferry's plugin wrapping WRAPPED) and "wrapped"
+# (WRAPPED alone), then runs every case through both.
+PROGRAM = r"""
+import json, sys
+import numpy as np, ml_dtypes
+import ferry.jax
+ferry.jax.register({wrapped!r}, priority=0)
+from jax._src import xla_bridge
+xla_bridge.register_plugin("wrapped", library_path={wrapped!r}, priority=0)
+import jax
+jax.config.update("jax_enable_x64", True)
+
+seed = {seed}
+print("seed", seed, file=sys.stderr)
+rng = np.random.default_rng(seed)
+ferry_device = jax.devices("ferry")[0]
+wrapped_device = jax.devices("wrapped")[0]
+out = {{"devices": len(jax.devices("ferry")), "wrapped_devices": len(jax.devices("wrapped"))}}
+
+def random_array(dtype, shape):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return (rng.standard_normal(shape) * 100).astype(dtype)
+
+def views(array):
+    return {{
+        "dense": array,
+        "transposed": array.transpose(2, 0, 1),
+        "strided": array[::2, 1::2],
+        "negative": array[::-1, :, ::-2],
+        "broadcast": np.broadcast_to(array[:1, :1], (4,) + array.shape[1:]),
+        "unaligned": np.frombuffer(np.ascontiguousarray(array).tobytes() + b"\0" * array.itemsize,
+                                   dtype=array.dtype, offset=array.itemsize,
+                                   count=array.size).reshape(array.shape)[1:],
+        "empty": array[:0],
+    }}
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+dtypes = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+          np.uint64, np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.complex64,
+          np.complex128, ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2]
+puts = {{}}
+for dtype in dtypes:
+    array = random_array(dtype, (6, 10, 7))
+    for name, view in views(array).items():
+        through_ferry = jax.device_put(view, ferry_device)
+        through_wrapped = jax.device_put(view, wrapped_device)
+        a, b = np.asarray(through_ferry), np.asarray(through_wrapped)
+        expected = np.ascontiguousarray(view)
+        puts[f"{{np.dtype(dtype).name}}/{{name}}"] = [same(a, b), same(a, expected),
+                                                 through_ferry.devices() == {{ferry_device}}]
+out["puts"] = puts
+out["counters_after_puts"] = ferry.jax.counters()
+
+# A byte stride that is no multiple of the element size (a field of a packed record): ferry's
+# kernels read it right whatever the wrapped plugin does with it.
+record = np.zeros(33, dtype=[("tag", "u1"), ("value", "<f4")])
+record["value"] = rng.standard_normal(33).astype(np.float32)
+field = record["value"]
+out["odd_stride"] = [field.strides[0], same(np.asarray(jax.device_put(field, ferry_device)),
+                                            np.ascontiguousarray(field))]
+
+source = random_array(np.float32, (64, 48))
+@jax.jit
+def step(x):
+    return (x * 2.0 + 1.0) @ x.T + x.sum(axis=0)[:48]
+jit_ferry = np.asarray(step(jax.device_put(source.T, ferry_device)))
+jit_wrapped = np.asarray(step(jax.device_put(source.T, wrapped_device)))
+out["jit"] = [same(jit_ferry, jit_wrapped), bool(np.isfinite(jit_ferry).all())]
+
+donated = jax.device_put(source[:, ::2], ferry_device)
+plus_one = jax.jit(lambda x: x + 1.0, donate_argnums=0)(donated)
+out["donation"] = [same(np.asarray(plus_one), np.ascontiguousarray(source[:, ::2]) + 1.0),
+                   donated.is_deleted()]
+
+deleted = jax.device_put(source.T, ferry_device)
+deleted.delete()
+try:
+    np.asarray(deleted)
+    out["deletion"] = [deleted.is_deleted(), "no error"]
+except Exception as error:
+    out["deletion"] = [deleted.is_deleted(), type(error).__name__]
+
+# The wrapped plugin's own error (a custom call it has no target for), through ferry's table.
+try:
+    jax.jit(lambda x: jax.ffi.ffi_call("ferry_no_such_target",
+                                       jax.ShapeDtypeStruct(x.shape, x.dtype))(x))(
+        jax.device_put(source, ferry_device)).block_until_ready()
+    out["plugin_error"] = ["no error", ""]
+except Exception as error:
+    out["plugin_error"] = [type(error).__name__, str(error)]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def results():
+    seed = int.from_bytes(os.urandom(4), "little")
+    result = run_python(PROGRAM.format(wrapped=WRAPPED, seed=seed), timeout=240)
+    assert result.returncode == 0, f"seed {seed}\n{result.stdout}\n{result.stderr[-4000:]}"
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_ferry_platform_has_the_wrapped_plugins_devices(results):
+    assert results["devices"] == results["wrapped_devices"] > 0
+
+
+def test_device_put_of_every_dtype_and_view_matches_the_wrapped_plugin_and_numpy(results):
+    puts = results["puts"]
+    assert len(puts) == 17 * 7
+    wrong = {name: flags for name, flags in puts.items() if flags != [True, True, True]}
+    assert not wrong, f"[same as wrapped, same as numpy, on ferry device]: {wrong}"
+
+
+def test_ferry_writes_the_views_and_the_plugin_gets_only_what_it_aliases(results):
+    # 17 dtypes x 7 views: the dense view may be 64-byte aligned (the plugin aliases it, zero
+    # copies) or not (ferry copies it); every other view is ferry's, reads included.
+    counters = results["counters_after_puts"]
+    assert 17 * 6 <= counters["puts_by_ferry"] <= 17 * 7, counters
+    assert counters["puts_by_ferry"] + counters["puts_by_plugin"] == 17 * 7, counters
+    assert counters["refused"] == 0, counters
+
+
+def test_odd_byte_strides_are_read_right(results):
+    stride, correct = results["odd_stride"]
+    assert stride == 5
+    assert correct
+
+
+def test_jit_on_ferry_arrays_matches_the_wrapped_plugin(results):
+    assert results["jit"] == [True, True]
+
+
+def test_donated_ferry_buffer_is_consumed_and_the_result_right(results):
+    assert results["donation"] == [True, True]
+
+
+def test_deleted_array_cannot_be_read(results):
+    is_deleted, error = results["deletion"]
+    assert is_deleted
+    assert error == "RuntimeError"
+
+
+def test_wrapped_plugin_error_surfaces_as_jax_error_with_its_message(results):
+    kind, message = results["plugin_error"]
+    assert kind == "JaxRuntimeError", message
+    assert "ferry_no_such_target" in message
+
+
+def test_unloadable_wrapped_plugin_is_a_jax_error_naming_it(tmp_path):
+    missing = tmp_path / "no_such_plugin.so"
+    program = f"""
+import ferry.jax, jax
+ferry.jax.register({str(missing)!r}, priority=0)
+try:
+    jax.devices("ferry")
+    print("no error")
+except Exception as error:
+    print(type(error).__name__, "|", error)
+"""
+    result = run_python(program, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert str(missing) in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "no error" not in result.stdout
+
+
+DEADLOCK = r"""
+import sys, numpy as np
+import ferry.jax
+ferry.jax.register({wrapped!r}, priority=0)
+import jax
+device = jax.devices("ferry")[0]
+for i in range({repeats}):
+    # Temporaries only the transfer holds (the seed's scenario, test_gil.py), through JAX: a
+    # strided one (ferry's copy) and a dense aligned one (aliased until the buffer dies), each read
+    # back at once.
+    strided = jax.device_put(np.full((256, 2048), i, dtype=np.float32)[:, ::2], device)
+    dense = jax.device_put(np.full((256, 1024), i, dtype=np.float32), device)
+    for array in (strided, dense):
+        out = np.asarray(array)
+        if out[0, 0] != i or out[-1, -1] != i:
+            sys.exit(f"wrong data at repeat {{i}}")
+    del strided, dense
+print("completed", {repeats})
+"""
+
+
+def test_async_put_then_blocking_read_through_jax_never_hangs():
+    result = run_python(DEADLOCK.format(wrapped=WRAPPED, repeats=40), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "completed 40" in result.stdout
+
+
+def test_benchmark_prints_a_row_per_case_and_direction_at_a_tiny_size():
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "jax_plugin_bench.py")
+    result = run_python(
+        f"import runpy, sys; sys.argv = ['bench', '--size', '64', '--repeats', '1', "
+        f"'--wrapped', {WRAPPED!r}]; runpy.run_path({bench!r}, run_name='__main__')",
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    cases = {(row["case"], row["direction"]) for row in report["rows"]}
+    assert cases == {(case, op) for case in ("dense", "transposed", "strided", "bf16_from_f32")
+                     for op in ("put", "get")}
+    assert all(row["ferry_ms"] > 0 and row["wrapped_ms"] > 0 for row in report["rows"])
