@@ -59,13 +59,16 @@ def register(
     options: the client create options JAX passes to the wrapped plugin (e.g.
       ``{"cpu_device_count": 4}``).
 
-    Call it before JAX creates its backends (the first ``jax.devices()``, array or jit).
+    Call it before JAX creates its backends (the first ``jax.devices()``, array or jit). A second
+    call for the same platform does nothing.
     """
     path = plugin_path()
     if wrapped:
         os.environ["FERRY_PJRT_WRAPPED_PLUGIN"] = wrapped
     from jax._src import xla_bridge  # JAX's plugin registry (what jax_plugins packages call)
 
+    if platform in xla_bridge._backend_factories:
+        return  # already registered (by the jax_plugins entry point, or an earlier call)
     xla_bridge.register_plugin(platform, priority=priority, library_path=path, options=options)
 
 

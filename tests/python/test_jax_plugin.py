@@ -17,7 +17,8 @@ pytest.importorskip("jax", reason="JAX is not installed (pip install '.[test]')"
 
 try:
     PLUGIN = ferry_jax.plugin_path()
-except Exception as error:  # noqa: BLE001 - the reason is reported as the skip's reason
+    PLUGIN_MISSING = ""
+except Exception as error:  # noqa: BLE001 - ferry.UnavailableError, reported as the skip reason
     PLUGIN = None
     PLUGIN_MISSING = str(error)
 
@@ -34,7 +35,7 @@ def _wrapped_plugin():
 
 WRAPPED = _wrapped_plugin()
 pytestmark = [
-    pytest.mark.skipif(PLUGIN is None, reason="ferry_pjrt_plugin.so not built or installed"),
+    pytest.mark.skipif(PLUGIN is None, reason=f"no ferry_pjrt_plugin.so: {PLUGIN_MISSING}"),
     pytest.mark.skipif(WRAPPED is None, reason="no XLA CPU plugin (pip install xla-cpu-pjrt)"),
 ]
 
@@ -252,3 +253,24 @@ def test_benchmark_prints_a_row_per_case_and_direction_at_a_tiny_size():
     assert cases == {(case, op) for case in ("dense", "transposed", "strided", "bf16_from_f32")
                      for op in ("put", "get")}
     assert all(row["ferry_ms"] > 0 and row["wrapped_ms"] > 0 for row in report["rows"])
+
+
+def _entry_point_installed():
+    from importlib.metadata import entry_points
+
+    return any(entry.value == "ferry.jax" for entry in entry_points(group="jax_plugins"))
+
+
+@pytest.mark.skipif(not _entry_point_installed(),
+                    reason="ferry is not pip-installed here (entry points come from its metadata)")
+def test_jax_plugins_entry_point_registers_ferry_when_asked():
+    program = """
+import numpy as np, jax, ferry.jax
+device = jax.devices("ferry")[0]
+out = np.asarray(jax.device_put(np.arange(12.0).reshape(3, 4).T, device))
+print(out.tolist() == np.arange(12.0).reshape(3, 4).T.tolist(), ferry.jax.counters()["puts_by_ferry"])
+"""
+    result = run_python(program, timeout=120,
+                        env={"FERRY_JAX_PLUGIN": "1", "FERRY_PJRT_WRAPPED_PLUGIN": WRAPPED})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "1"], result.stdout
