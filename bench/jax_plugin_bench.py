@@ -3,7 +3,10 @@
 Both are registered in this one JAX process ("ferry": ferry_pjrt_plugin.so wrapping the plugin;
 "wrapped": the same plugin file alone), and every case runs through both, interleaved, in the same
 run. Cases (at the default --size 8192):
-- dense: an 8192 x 8192 f32 array (256 MiB), as numpy allocates it;
+- dense: an 8192 x 8192 f32 array (256 MiB), as numpy allocates it (16-byte aligned: JAX's
+  zero-copy request cannot alias it, so both copy);
+- dense_aligned: the same array at a 64-byte-aligned address (the wrapped plugin aliases it, and
+  ferry passes it to the plugin for that);
 - transposed: the transpose of a 4096 x 4096 f32 array (a view);
 - strided: every other row and column of an 8192 x 8192 f32 array (a view);
 - bf16_from_f32: a 4096 x 4096 f32 array put as bfloat16, which JAX casts on the host first
@@ -34,13 +37,23 @@ def default_wrapped() -> str:
     return os.path.join(os.path.dirname(package.__file__), "xla_cpu_pjrt.so")
 
 
+def aligned_copy(array: np.ndarray, alignment: int = 64) -> np.ndarray:
+    memory = np.empty(array.nbytes + alignment, dtype=np.uint8)
+    start = -memory.ctypes.data % alignment
+    aligned = memory[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned[...] = array
+    return aligned
+
+
 def make_cases(size: int):
     rng = np.random.default_rng(0)
     half = size // 2
     big = rng.standard_normal((size, size), dtype=np.float32)
+    big_aligned = aligned_copy(big)
     square = rng.standard_normal((half, half), dtype=np.float32)
     return {
         "dense": (lambda: big, big.nbytes),
+        "dense_aligned": (lambda: big_aligned, big.nbytes),
         "transposed": (lambda: square.T, square.nbytes),
         "strided": (lambda: big[::2, ::2], big.nbytes // 4),
         "bf16_from_f32": (lambda: square.astype(ml_dtypes.bfloat16), square.nbytes),

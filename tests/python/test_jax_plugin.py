@@ -262,7 +262,8 @@ def test_benchmark_prints_a_row_per_case_and_direction_at_a_tiny_size():
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     cases = {(row["case"], row["direction"]) for row in report["rows"]}
-    assert cases == {(case, op) for case in ("dense", "transposed", "strided", "bf16_from_f32")
+    assert cases == {(case, op) for case in ("dense", "dense_aligned", "transposed", "strided",
+                                                  "bf16_from_f32")
                      for op in ("put", "get")}
     assert all(row["ferry_ms"] > 0 and row["wrapped_ms"] > 0 for row in report["rows"])
 
