@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/io/sample_checkpoint.h"
 #include "ferry/io/tensor_file.h"
 #include "fmt/format.h"
-#include "sample_checkpoint.h"
 
 namespace ferry::bench {
 namespace {

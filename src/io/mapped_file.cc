@@ -22,9 +22,9 @@ namespace {
 
 constexpr std::align_val_t kBytesAlignment{64};
 
+// "<what>: <the system's message>" (absl::ErrnoToStatus appends the message itself).
 Status ErrnoError(int error_number, const std::string& what) {
-  return absl::ErrnoToStatus(error_number,
-                             fmt::format("{}: {}", what, std::strerror(error_number)));
+  return absl::ErrnoToStatus(error_number, what);
 }
 
 int64_t PageSize() {

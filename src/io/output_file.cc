@@ -12,9 +12,9 @@
 namespace ferry::io_internal {
 namespace {
 
+// "cannot <what> '<path>': <the system's message>" (absl::ErrnoToStatus appends the message).
 Status ErrnoError(int error_number, std::string_view what, std::string_view path) {
-  return absl::ErrnoToStatus(
-      error_number, fmt::format("cannot {} '{}': {}", what, path, std::strerror(error_number)));
+  return absl::ErrnoToStatus(error_number, fmt::format("cannot {} '{}'", what, path));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "ferry/io/tensor_file.h"
 
+#include <cctype>
 #include <cstring>
 #include <utility>
 
@@ -11,7 +12,19 @@
 namespace ferry {
 namespace {
 
-// safetensors has no magic (it starts with its header size), so it is what is left.
+// Whether `name` ends in `extension` (ASCII, any case).
+bool HasExtension(std::string_view name, std::string_view extension) {
+  if (name.size() < extension.size()) return false;
+  const std::string_view tail = name.substr(name.size() - extension.size());
+  for (size_t i = 0; i < tail.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(tail[i])) != extension[i]) return false;
+  }
+  return true;
+}
+
+// safetensors has no magic (it starts with its header size), so it is what is left. A file too
+// short to hold any format's start (an empty or cut-off .npy) is judged by its name instead, so
+// that its error speaks of the format it was meant to be.
 TensorFileFormat DetectFormat(const MappedFile& file) {
   const auto starts_with = [&](std::string_view magic) {
     return file.size() >= static_cast<int64_t>(magic.size()) &&
@@ -19,6 +32,11 @@ TensorFileFormat DetectFormat(const MappedFile& file) {
   };
   if (starts_with("\x93NUMPY")) return TensorFileFormat::kNpy;
   if (starts_with("PK\x03\x04") || starts_with("PK\x05\x06")) return TensorFileFormat::kNpz;
+  constexpr int64_t kSafetensorsMinimumBytes = 8;  // the header's size, a little-endian u64
+  if (file.size() < kSafetensorsMinimumBytes) {
+    if (HasExtension(file.display_name(), ".npy")) return TensorFileFormat::kNpy;
+    if (HasExtension(file.display_name(), ".npz")) return TensorFileFormat::kNpz;
+  }
   return TensorFileFormat::kSafetensors;
 }
 

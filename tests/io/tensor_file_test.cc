@@ -84,6 +84,30 @@ TEST(TensorFileTest, MissingFileIsNotFoundNamingThePath) {
   EXPECT_THAT(std::string(file.status().message()), HasSubstr("/nonexistent/model.safetensors"));
 }
 
+TEST(TensorFileTest, MissingFileNamesTheSystemErrorOnce) {
+  auto file = TensorFile::Open("/nonexistent/model.safetensors");
+  const std::string message(file.status().message());
+  const std::string system_error = "No such file or directory";
+  ASSERT_THAT(message, HasSubstr(system_error));
+  EXPECT_EQ(message.find(system_error), message.rfind(system_error)) << message;
+}
+
+TEST(TensorFileTest, EmptyOrCutOffNumpyFileIsABadNumpyFileNotABadSafetensorsFile) {
+  TempDir dir;
+  for (const std::string name : {"empty.npy", "EMPTY.NPY", "short.npy", "empty.npz"}) {
+    WriteFileBytes(dir.Path(name), name.rfind("short", 0) == 0 ? std::string("\x93NU") : "");
+    auto file = TensorFile::Open(dir.Path(name));
+    ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    const std::string message(file.status().message());
+    EXPECT_THAT(message, HasSubstr(name));
+    EXPECT_THAT(message, ::testing::Not(HasSubstr("safetensors"))) << message;
+  }
+  // Without a telling name the bytes decide, and an empty file is called too small.
+  WriteFileBytes(dir.Path("empty.bin"), "");
+  EXPECT_EQ(TensorFile::Open(dir.Path("empty.bin")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TensorFileTest, DirectoryIsNotARegularFile) {
   TempDir dir;
   std::filesystem::create_directories(dir.Path("sub"));

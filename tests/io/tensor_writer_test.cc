@@ -303,6 +303,11 @@ TEST(TensorWriterTest, UnwritableDirectoryIsAnErrorNamingThePath) {
   Status status = WriteNpy("/nonexistent-dir/x.npy", io_test::DenseView(&value, DType::kF32, {1}));
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(status.message()), HasSubstr("/nonexistent-dir/x.npy.partial"));
+  // The system's message once, not twice.
+  const std::string message(status.message());
+  const std::string system_error = "No such file or directory";
+  ASSERT_THAT(message, HasSubstr(system_error));
+  EXPECT_EQ(message.find(system_error), message.rfind(system_error)) << message;
 }
 
 }  // namespace

@@ -2,17 +2,25 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <fstream>
 
 #include "ferry/device/registry.h"
 #include "fmt/format.h"
+#include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
 
 int ReportError(std::string_view command, const Status& status) {
-  fmt::print(stderr, "ferry {}: error: {}\n", command, std::string(status.message()));
+  const std::string line =
+      fmt::format("ferry {}: error: {}", command, std::string(status.message()));
+  // On a terminal the message wraps to its width; into a pipe or a file it stays one line, for
+  // the programs that read it.
+  const bool terminal = isatty(STDERR_FILENO) == 1;
+  fmt::print(stderr, "{}\n", terminal ? WrapToString(line, OutputWidth(STDERR_FILENO)) : line);
   return kExitBadInput;
 }
 
@@ -111,10 +119,24 @@ std::string FormatBytes(double bytes) {
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
+Status WriteJson(const nlohmann::json& json, const std::string& path) {
+  if (path == "-") {
+    fmt::print("{}\n", json.dump(2));
+    std::fflush(stdout);
+    return std::ferror(stdout) ? InvalidArgumentError("cannot write the JSON to stdout")
+                               : OkStatus();
+  }
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  if (!out) return InvalidArgumentError(fmt::format("cannot write --json file '{}'", path));
+  return OkStatus();
+}
+
 ProgressBar::ProgressBar(std::string label, int64_t total_bytes)
     : label_(std::move(label)),
       total_bytes_(total_bytes),
       enabled_(isatty(STDERR_FILENO) == 1),
+      width_(OutputWidth(STDERR_FILENO)),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
@@ -130,11 +152,22 @@ void ProgressBar::Update(int64_t done_bytes) {
   const double fraction = total_bytes_ > 0 ? static_cast<double>(done_bytes) / total_bytes_ : 1.0;
   const double rate = seconds > 0 ? done_bytes / seconds : 0;
   const double left = rate > 0 ? (total_bytes_ - done_bytes) / rate : 0;
-  constexpr int kWidth = 30;
-  const int filled = static_cast<int>(fraction * kWidth);
-  fmt::print(stderr, "\r{} [{}{}] {} / {}  {:.2f} GB/s  {:.1f}s left ", label_,
-             std::string(filled, '#'), std::string(kWidth - filled, '.'), FormatBytes(done_bytes),
-             FormatBytes(total_bytes_), rate / 1e9, left);
+  // "label [####......] 1.50 GiB / 3.00 GiB  1.23 GB/s  4.5s left", one column short of the
+  // terminal's width (a line that fills the last column makes some terminals wrap).
+  const std::string amounts = fmt::format("{} / {}  {:.2f} GB/s", FormatBytes(done_bytes),
+                                          FormatBytes(total_bytes_), rate / 1e9);
+  std::string tail = fmt::format("{}  {:.1f}s left", amounts, left);
+  const int room = width_ - 1;
+  const auto bar_room = [&] {
+    return room - static_cast<int>(label_.size() + tail.size()) - 4;  // " [" "] " around the bar
+  };
+  if (bar_room() < 10) tail = amounts;
+  const int bar_width = std::clamp(bar_room(), 0, 60);
+  const int filled = static_cast<int>(fraction * bar_width);
+  std::string line = fmt::format("{} [{}{}] {}", label_, std::string(filled, '#'),
+                                 std::string(bar_width - filled, '.'), tail);
+  if (static_cast<int>(line.size()) > room) line.resize(room);
+  fmt::print(stderr, "\r\033[K{}", line);
   std::fflush(stderr);
 }
 

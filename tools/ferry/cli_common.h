@@ -12,6 +12,7 @@
 #include "ferry/core/status.h"
 #include "ferry/device/client.h"
 #include "ferry/device/registry.h"
+#include "nlohmann/json.hpp"
 
 namespace ferry::cli {
 
@@ -20,7 +21,8 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitBadInput = 1;
 inline constexpr int kExitUsage = 2;
 
-// Prints "ferry <command>: error: <message>" on stderr; returns kExitBadInput.
+// Prints "ferry <command>: error: <message>" on stderr (one line, or wrapped to the width of a
+// terminal); returns kExitBadInput.
 int ReportError(std::string_view command, const Status& status);
 
 // The options of every client a command creates: set from the global flags --pjrt-plugin and
@@ -47,8 +49,13 @@ StatusOr<int64_t> ParseSize(std::string_view text);
 // 1536 -> "1.50 KiB".
 std::string FormatBytes(double bytes);
 
+// Writes `json` (indented, with a final newline) to the file `path`, or to stdout when `path` is
+// "-". InvalidArgument naming the file when it cannot be written.
+Status WriteJson(const nlohmann::json& json, const std::string& path);
+
 // A one-line progress bar on stderr (bytes, GB/s, time left), drawn only when stderr is a
-// terminal and at most every 100 ms. Not thread-safe.
+// terminal and at most every 100 ms, as wide as the terminal (the bar grows with it, up to 60
+// marks; a narrow one drops the time left). Not thread-safe.
 class ProgressBar {
  public:
   ProgressBar(std::string label, int64_t total_bytes);
@@ -60,6 +67,7 @@ class ProgressBar {
   const std::string label_;
   const int64_t total_bytes_;
   const bool enabled_;
+  const int width_;
   const std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_;
   bool drawn_ = false;

@@ -1,26 +1,71 @@
 // The `ferry` command line: devices, put, sample, bench.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "ferry/version.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
+#include "tools/ferry/text_layout.h"
 
-namespace ferry::bench {
-int Main(int argc, char** argv);  // bench/ferry_bench.cc
+namespace {
+
+// The first word of the command line that is neither an option nor an option's value: the
+// subcommand the user asked for (empty when there is none). `options_with_values` are the global
+// options that take a value as the next word.
+std::string RequestedCommand(int argc, char** argv,
+                             const std::vector<std::string>& options_with_values) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word.empty() || word[0] != '-') return word;
+    if (std::find(options_with_values.begin(), options_with_values.end(), word) !=
+        options_with_values.end()) {
+      ++i;  // its value
+    }
+  }
+  return "";
 }
+
+// Replaces this process with ferry-bench from this program's own folder (argv[2...] passed on);
+// returns an exit code only when it cannot.
+int RunBenchProgram(int argc, char** argv) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::filesystem::path bench =
+      (error ? std::filesystem::path(argv[0]) : self).parent_path() / "ferry-bench";
+  std::vector<std::string> arguments = {bench.string()};
+  for (int i = 2; i < argc; ++i) arguments.emplace_back(argv[i]);
+  std::vector<char*> bench_argv;
+  for (std::string& argument : arguments) bench_argv.push_back(argument.data());
+  bench_argv.push_back(nullptr);
+  ::execv(bench.c_str(), bench_argv.data());
+  fmt::print(stderr,
+             "ferry bench: cannot run {}: {} (ferry bench needs ferry-bench next to ferry)\n",
+             bench.string(), std::strerror(errno));
+  return ferry::cli::kExitBadInput;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace ferry::cli;
-  // `ferry bench ...` is ferry-bench itself: the same cases, flags and JSON.
-  if (argc >= 2 && std::string(argv[1]) == "bench") {
-    std::vector<char*> bench_argv = {argv[0]};
-    for (int i = 2; i < argc; ++i) bench_argv.push_back(argv[i]);
-    return ferry::bench::Main(static_cast<int>(bench_argv.size()), bench_argv.data());
-  }
+  // `ferry bench ...` runs ferry-bench (the same cases, flags and JSON), the program installed
+  // next to this one: the command line does not link the benchmark.
+  if (argc >= 2 && std::string(argv[1]) == "bench") return RunBenchProgram(argc, argv);
   CLI::App app{"ferry: move tensors between host memory and devices directly"};
+  // Help that fits the terminal; subcommands added below inherit it.
+  app.formatter(std::make_shared<WrappingHelpFormatter>());
+  app.set_version_flag("--version", fmt::format("ferry {}", ferry::kVersion));
   app.require_subcommand(1);
   app.footer(
       "Also: ferry bench [--case NAME] [--size SCALE] [--json FILE] (see ferry bench --help)");
@@ -37,6 +82,17 @@ int main(int argc, char** argv) {
   CommandRunner devices = AddDevicesCommand(app);
   CommandRunner put = AddPutCommand(app);
   CommandRunner sample = AddSampleCommand(app);
+  // A mistyped command is named, with the ones that exist (CLI11 would only say that an argument
+  // was not expected).
+  const std::vector<std::string> kCommands = {"devices", "put", "sample", "bench"};
+  if (const std::string command =
+          RequestedCommand(argc, argv, {"--pjrt-plugin", "--plugin-option"});
+      !command.empty() &&
+      std::find(kCommands.begin(), kCommands.end(), command) == kCommands.end()) {
+    fmt::print(stderr, "ferry: unknown command '{}' (commands: {}; see ferry --help)\n", command,
+               fmt::join(kCommands, ", "));
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

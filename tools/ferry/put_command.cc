@@ -6,13 +6,13 @@
 #include <cmath>
 #include <complex>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/io/tensor_file.h"
@@ -24,6 +24,8 @@
 #include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
+#include "tools/ferry/put_distributed.h"
+#include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
 namespace {
@@ -31,24 +33,38 @@ namespace {
 struct PutOptions {
   std::vector<std::string> files;
   std::string device = "host:0";
-  std::string mesh;
+  std::optional<std::string> mesh;  // unset: one device (--device)
   int shard_dim = 0;
   std::string device_dtype;
   bool device_dtype_all = false;  // apply --device-dtype to every tensor, not only its kind
   std::string semantics = "async";
   bool verify = false;
   std::string json_path;
+  bool drop_page_cache = false;  // --mesh all: see DistributedPutOptions
 };
 
 // One tensor of one file, and where it went.
 struct PutTensor {
   std::string file;
   TensorFileEntry entry;
+  // The device dtype asked for this tensor: --device-dtype where it applies, else nullopt (each
+  // device's profile decides, shard by shard on a mesh mixing backends, as device_put does).
+  std::optional<DType> requested_dtype;
+  // The device dtype it is stored as. On a mesh whose devices chose differently: the first
+  // shard's, and `mixed_dtypes` lists them all ("float32/float64").
   DType device_dtype = DType::kF32;
+  std::string mixed_dtypes;
   std::string path;  // aliased / direct / converted / byte-swapped (sharded: "sharded/" + path)
   DataPtr data;      // unsharded
   ShardedDataPtr sharded;  // sharded over the mesh
   int64_t bytes = 0;       // bytes read from the file
+
+  DType file_dtype() const { return entry.source->view().dtype; }
+  // Whether any copy of it on a device holds another dtype than the file.
+  bool converted() const { return device_dtype != file_dtype() || !mixed_dtypes.empty(); }
+  std::string DeviceDTypeText() const {
+    return mixed_dtypes.empty() ? std::string(DTypeName(device_dtype)) : mixed_dtypes;
+  }
 };
 
 StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
@@ -150,8 +166,280 @@ double TimeMemcpyOf(const std::vector<PutTensor>& tensors) {
 
 std::string ShapeString(const Dims& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
 
+// "host:0, host:1,host:2" -> the device names, spaces around each name dropped. InvalidArgument
+// for an empty list or an empty name.
+StatusOr<std::vector<std::string>> ParseMeshList(std::string_view mesh) {
+  std::vector<std::string> names;
+  for (absl::string_view name : absl::StrSplit(absl::string_view(mesh.data(), mesh.size()), ',')) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name.empty()) {
+      return InvalidArgumentError(fmt::format(
+          "--mesh '{}' has an empty device name: list devices separated by commas, e.g. "
+          "host:0,host:1",
+          mesh));
+    }
+    names.emplace_back(name);
+  }
+  return names;
+}
+
+// Where the tensors go: one device, or a 1-d mesh (axis "x") sharding dim --shard-dim.
+struct PutTarget {
+  Device* device = nullptr;      // the device, or the mesh's first device
+  std::vector<Device*> devices;  // every device the tensors go to
+  std::optional<Mesh> mesh;
+  std::string name;  // for the totals and the JSON: the device or the mesh as given
+};
+
+StatusOr<PutTarget> ResolveTarget(const PutOptions& options, DeviceSet& device_set) {
+  PutTarget target;
+  if (options.mesh.has_value()) {
+    FERRY_ASSIGN_OR_RETURN(std::vector<std::string> names, ParseMeshList(*options.mesh));
+    for (const std::string& name : names) {
+      FERRY_ASSIGN_OR_RETURN(Device * device, device_set.Find(name));
+      target.devices.push_back(device);
+    }
+    FERRY_ASSIGN_OR_RETURN(
+        Mesh mesh,
+        Mesh::Create(target.devices, {static_cast<int64_t>(target.devices.size())}, {"x"}));
+    target.mesh = std::move(mesh);
+    target.name = fmt::format("{}", fmt::join(names, ","));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(Device * device, device_set.Find(options.device));
+    target.devices = {device};
+    target.name = device->name();
+  }
+  target.device = target.devices.front();
+  return target;
+}
+
+// Opens every file and plans each tensor's device dtype, so that a malformed file or a dtype a
+// device cannot hold stops the command before anything moves.
+Status OpenFiles(const PutOptions& options, std::optional<DType> requested, const PutTarget& target,
+                 std::vector<TensorFile>& files, std::vector<PutTensor>& tensors) {
+  for (const std::string& path : options.files) {
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path));
+    for (const TensorFileEntry& entry : file.tensors()) {
+      PutTensor tensor;
+      tensor.file = path;
+      tensor.entry = entry;
+      tensor.bytes = entry.source->view().dense_size_bytes();
+      const DType file_dtype = tensor.file_dtype();
+      tensor.requested_dtype = requested;
+      if (requested.has_value() && !options.device_dtype_all &&
+          !RequestAppliesTo(*requested, file_dtype)) {
+        tensor.requested_dtype.reset();  // the device's profile decides, as without --device-dtype
+      }
+      // Every device must be able to hold it; the first one's choice is what the table shows
+      // unless the shards end up differing (see StartTransfers).
+      for (size_t i = target.devices.size(); i-- > 0;) {
+        FERRY_ASSIGN_OR_RETURN(
+            tensor.device_dtype,
+            ChooseDeviceDType(file_dtype, tensor.requested_dtype, target.devices[i]->capabilities(),
+                              entry.source->name()));
+      }
+      tensors.push_back(std::move(tensor));
+    }
+    files.push_back(std::move(file));
+  }
+  return OkStatus();
+}
+
+// Starts every transfer (they run on the backend's threads) without waiting for any.
+Status StartTransfers(const PutTarget& target, const PutOptions& options,
+                      HostBufferSemantics semantics, std::vector<PutTensor>& tensors) {
+  TransferToDeviceOptions transfer_options;
+  transfer_options.semantics = semantics;
+  for (PutTensor& tensor : tensors) {
+    if (target.mesh.has_value()) {
+      // Shard by shard, each device's profile decides unless a dtype was asked for.
+      transfer_options.device_dtypes.clear();
+      if (tensor.requested_dtype.has_value()) {
+        transfer_options.device_dtypes = {tensor.requested_dtype};
+      }
+      const int64_t rank = tensor.entry.source->view().rank();
+      std::vector<std::vector<std::string>> spec(rank);
+      if (options.shard_dim < rank) spec[options.shard_dim] = {"x"};  // else: replicated
+      FERRY_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(*target.mesh, spec));
+      FERRY_ASSIGN_OR_RETURN(
+          tensor.sharded, TransferShardsToDevice(tensor.entry.source, sharding, transfer_options));
+    } else {
+      transfer_options.device_dtypes = {tensor.device_dtype};
+      FERRY_ASSIGN_OR_RETURN(
+          std::vector<DataPtr> data,
+          TransferToDevice({tensor.entry.source}, target.device, transfer_options));
+      tensor.data = std::move(data[0]);
+    }
+  }
+  return OkStatus();
+}
+
+// Follows the transfers in order (drawing `progress`), then checks that no file was truncated
+// while it was read.
+Status AwaitTransfers(const std::vector<TensorFile>& files, std::vector<PutTensor>& tensors,
+                      ProgressBar& progress) {
+  int64_t done_bytes = 0;
+  for (PutTensor& tensor : tensors) {
+    FERRY_RETURN_IF_ERROR(tensor.sharded ? AwaitReady(tensor.sharded->shards())
+                                         : AwaitReady({tensor.data}));
+    done_bytes += tensor.bytes;
+    progress.Update(done_bytes);
+  }
+  // A file truncated while mapped was read as zeros where its pages vanished (MappedFile turns the
+  // SIGBUS into that): an error naming the file, not a result.
+  for (const TensorFile& file : files) FERRY_RETURN_IF_ERROR(file.file()->CheckIntact());
+  return OkStatus();
+}
+
+// Each tensor's path label, and the device dtypes its shards really hold.
+void DescribeTransfers(std::vector<PutTensor>& tensors) {
+  for (PutTensor& tensor : tensors) {
+    const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
+    tensor.device_dtype = first->device_dtype();
+    if (tensor.sharded) {
+      std::vector<std::string_view> dtypes;
+      for (const DataPtr& shard : tensor.sharded->shards()) {
+        const std::string_view name = DTypeName(shard->device_dtype());
+        if (std::find(dtypes.begin(), dtypes.end(), name) == dtypes.end()) dtypes.push_back(name);
+      }
+      if (dtypes.size() > 1) tensor.mixed_dtypes = fmt::format("{}", fmt::join(dtypes, "/"));
+    }
+    const HostView& view = tensor.entry.source->view();
+    const std::string kind = first->buffer().is_alias()  ? "aliased"
+                             : tensor.converted()        ? "converted"
+                             : !view.IsNativeByteOrder() ? "byte-swapped"
+                                                         : "direct";
+    tensor.path = tensor.sharded ? "sharded/" + kind : kind;
+  }
+}
+
+// --verify: every tensor read back and compared with the file. A tensor stored in another dtype
+// may differ (a lossy conversion, which was asked for): it is added to `lossy` as exactly that. A
+// tensor stored in its own dtype must match bit for bit, or this returns DataLoss.
+Status VerifyAll(const std::vector<PutTensor>& tensors, int64_t total_bytes,
+                 std::vector<std::string>& lossy) {
+  ProgressBar verify_progress("verify", total_bytes);
+  int64_t checked = 0;
+  for (const PutTensor& tensor : tensors) {
+    FERRY_ASSIGN_OR_RETURN(VerifyResult result, Verify(tensor));
+    // Stored in its own dtype, a tensor must come back bit for bit; converted, value for value.
+    if (!result.exact && (!tensor.converted() || result.differing != 0)) {
+      if (!tensor.converted()) {
+        verify_progress.Finish();
+        return absl::DataLossError(fmt::format(
+            "verify: tensor '{}' of {} read back differently from the file ({} elements "
+            "differ, max error {:g})",
+            tensor.entry.name, tensor.file, result.differing, result.max_error));
+      }
+      lossy.push_back(fmt::format("{} ({} -> {}): {} of {} elements differ, max error {:g}",
+                                  tensor.entry.name, DTypeName(tensor.file_dtype()),
+                                  tensor.DeviceDTypeText(), result.differing,
+                                  tensor.entry.source->view().num_elements(), result.max_error));
+    }
+    checked += tensor.bytes;
+    verify_progress.Update(checked);
+  }
+  verify_progress.Finish();
+  return OkStatus();
+}
+
+// The results of one `put`, for the table, the totals and the JSON.
+struct PutSummary {
+  int64_t total_bytes = 0;
+  double seconds = 0;
+  double memcpy_seconds = 0;
+  bool verified = false;
+  std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
+
+  double gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
+  double vs_memcpy() const { return seconds > 0 ? memcpy_seconds / seconds : 0; }
+};
+
+// The table of tensors and the totals, laid out for `width` columns: long tensor names give way
+// first (shortened in the middle), then shapes; dtypes, paths and sizes stay whole (at 80 columns
+// they leave a name at least 12 characters); the totals wrap.
+std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget& target,
+                         const PutSummary& summary, int width) {
+  using Align = TextTable::Align;
+  TextTable table({{"tensor", Align::kLeft, 0, 12},
+                   {"shape", Align::kLeft, 1, 9},
+                   {"file -> device", Align::kLeft, -1},
+                   {"path", Align::kLeft, -1},
+                   {"size", Align::kRight, -1}});
+  for (const PutTensor& tensor : tensors) {
+    table.AddRow({tensor.entry.name, ShapeString(tensor.entry.source->view().dims),
+                  fmt::format("{} -> {}", DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()),
+                  tensor.path, FormatBytes(static_cast<double>(tensor.bytes))});
+  }
+  std::string out = table.Render(width);
+  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
+  add(fmt::format("total: {} tensors, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
+                  tensors.size(), FormatBytes(static_cast<double>(summary.total_bytes)),
+                  summary.seconds, summary.gbps(), summary.vs_memcpy()));
+  add(fmt::format("on: {}", target.name));
+  if (summary.verified) {
+    add(summary.lossy.empty()
+            ? std::string("verified: every tensor matches the file")
+            : fmt::format("verified: {} of {} tensors match the file exactly, {} differ by the "
+                          "requested conversion",
+                          tensors.size() - summary.lossy.size(), tensors.size(),
+                          summary.lossy.size()));
+  }
+  for (const std::string& line : summary.lossy) add("lossy conversion: " + line);
+  return out;
+}
+
+nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTensor>& tensors,
+                           const PutTarget& target, const PutSummary& summary) {
+  nlohmann::json json;
+  json["files"] = options.files;
+  json["device"] = target.name;
+  json["total_bytes"] = summary.total_bytes;
+  json["seconds"] = summary.seconds;
+  json["gbps"] = summary.gbps();
+  json["memcpy_seconds"] = summary.memcpy_seconds;
+  json["vs_memcpy"] = summary.vs_memcpy();
+  json["verified"] = summary.verified;
+  json["verified_exact"] = summary.verified && summary.lossy.empty();
+  json["lossy"] = summary.lossy;
+  for (const PutTensor& tensor : tensors) {
+    const HostView& view = tensor.entry.source->view();
+    nlohmann::json entry = {{"name", tensor.entry.name},
+                            {"file", tensor.file},
+                            {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
+                            {"file_dtype", DTypeName(view.dtype)},
+                            {"device_dtype", tensor.DeviceDTypeText()},
+                            {"path", tensor.path},
+                            {"bytes", tensor.bytes}};
+    if (tensor.sharded) {
+      std::vector<std::string> shard_dtypes;
+      for (const DataPtr& shard : tensor.sharded->shards()) {
+        shard_dtypes.emplace_back(DTypeName(shard->device_dtype()));
+      }
+      entry["shard_device_dtypes"] = shard_dtypes;
+    }
+    json["tensors"].push_back(std::move(entry));
+  }
+  return json;
+}
+
 int RunPut(const PutOptions& options) {
   constexpr std::string_view kCommand = "put";
+  // --mesh all[:BACKEND]: every device of every process of the job, under mpiexec or not.
+  if (const std::string mesh_text = options.mesh.value_or("");
+      mesh_text == "all" || mesh_text.rfind("all:", 0) == 0) {
+    DistributedPutOptions job;
+    job.files = options.files;
+    if (mesh_text.size() > 4) job.backend = mesh_text.substr(4);
+    job.shard_dim = options.shard_dim;
+    job.device_dtype = options.device_dtype;
+    job.device_dtype_all = options.device_dtype_all;
+    job.semantics = options.semantics;
+    job.verify = options.verify;
+    job.json_path = options.json_path;
+    job.drop_page_cache = options.drop_page_cache;
+    return RunPutOverAllDevices(job);
+  }
   auto semantics = ParseSemantics(options.semantics);
   if (!semantics.ok()) return ReportError(kCommand, semantics.status());
   std::optional<DType> requested;
@@ -160,202 +448,50 @@ int RunPut(const PutOptions& options) {
     if (!dtype.ok()) return ReportError(kCommand, dtype.status());
     requested = *dtype;
   }
-
-  // Devices: one, or a 1-d mesh sharding dim --shard-dim.
   DeviceSet device_set;
-  Device* device = nullptr;
-  std::optional<Sharding> row_sharding;  // built per rank below
-  std::optional<Mesh> mesh;
-  if (!options.mesh.empty()) {
-    std::vector<Device*> devices;
-    for (absl::string_view name : absl::StrSplit(options.mesh, ',')) {
-      auto found = device_set.Find(std::string(name));
-      if (!found.ok()) return ReportError(kCommand, found.status());
-      devices.push_back(*found);
-    }
-    auto made = Mesh::Create(devices, {static_cast<int64_t>(devices.size())}, {"x"});
-    if (!made.ok()) return ReportError(kCommand, made.status());
-    mesh = *std::move(made);
-    device = devices[0];
-  } else {
-    auto found = device_set.Find(options.device);
-    if (!found.ok()) return ReportError(kCommand, found.status());
-    device = *found;
-  }
+  auto target = ResolveTarget(options, device_set);
+  if (!target.ok()) return ReportError(kCommand, target.status());
 
   // The timed job starts here: opening and mapping the files is part of loading them.
   const auto start = std::chrono::steady_clock::now();
-  // Open every file first: a malformed one stops the command before anything moves.
   std::vector<TensorFile> files;
   std::vector<PutTensor> tensors;
-  int64_t total_bytes = 0;
-  for (const std::string& path : options.files) {
-    auto file = TensorFile::Open(path);
-    if (!file.ok()) return ReportError(kCommand, file.status());
-    for (const TensorFileEntry& entry : file->tensors()) {
-      PutTensor tensor;
-      tensor.file = path;
-      tensor.entry = entry;
-      tensor.bytes = entry.source->view().dense_size_bytes();
-      const DType file_dtype = entry.source->view().dtype;
-      std::optional<DType> wanted = requested;
-      if (wanted.has_value() && !options.device_dtype_all &&
-          !RequestAppliesTo(*wanted, file_dtype)) {
-        wanted.reset();  // the device's profile decides, as without --device-dtype
-      }
-      auto dtype =
-          ChooseDeviceDType(file_dtype, wanted, device->capabilities(), entry.source->name());
-      if (!dtype.ok()) return ReportError(kCommand, dtype.status());
-      tensor.device_dtype = *dtype;
-      total_bytes += tensor.bytes;
-      tensors.push_back(std::move(tensor));
-    }
-    files.push_back(*std::move(file));
+  if (Status opened = OpenFiles(options, requested, *target, files, tensors); !opened.ok()) {
+    return ReportError(kCommand, opened);
   }
+  PutSummary summary;
+  for (const PutTensor& tensor : tensors) summary.total_bytes += tensor.bytes;
 
   // Fault the mapped pages in from every core at once rather than one 4 KiB page fault at a time
   // inside the copy: a cold file is read ahead in parallel, a warm one is mapped fast.
   const int touch_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   for (const TensorFile& file : files) file.Prefetch(touch_threads);
 
-  TransferToDeviceOptions transfer_options;
-  transfer_options.semantics = *semantics;
-  ProgressBar progress("put", total_bytes);
-  // Start every transfer (they run on the backend's threads), then follow them in order.
-  for (PutTensor& tensor : tensors) {
-    transfer_options.device_dtypes = {tensor.device_dtype};
-    if (mesh.has_value()) {
-      const int64_t rank = tensor.entry.source->view().rank();
-      std::vector<std::vector<std::string>> spec(rank);
-      if (options.shard_dim < rank) spec[options.shard_dim] = {"x"};  // else: replicated
-      auto sharding = Sharding::Create(*mesh, spec);
-      if (!sharding.ok()) return ReportError(kCommand, sharding.status());
-      auto sharded = TransferShardsToDevice(tensor.entry.source, *sharding, transfer_options);
-      if (!sharded.ok()) return ReportError(kCommand, sharded.status());
-      tensor.sharded = *std::move(sharded);
-    } else {
-      auto data = TransferToDevice({tensor.entry.source}, device, transfer_options);
-      if (!data.ok()) return ReportError(kCommand, data.status());
-      tensor.data = std::move((*data)[0]);
-    }
-  }
-  int64_t done_bytes = 0;
-  for (PutTensor& tensor : tensors) {
-    const Status ready =
-        tensor.sharded ? AwaitReady(tensor.sharded->shards()) : AwaitReady({tensor.data});
-    if (!ready.ok()) return ReportError(kCommand, ready);
-    done_bytes += tensor.bytes;
-    progress.Update(done_bytes);
-  }
-  // A file truncated while mapped was read as zeros where its pages vanished (MappedFile turns the
-  // SIGBUS into that): an error naming the file, not a result.
-  for (const TensorFile& file : files) {
-    if (Status intact = file.file()->CheckIntact(); !intact.ok()) {
-      progress.Finish();
-      return ReportError(kCommand, intact);
-    }
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ProgressBar progress("put", summary.total_bytes);
+  Status moved = StartTransfers(*target, options, *semantics, tensors);
+  if (moved.ok()) moved = AwaitTransfers(files, tensors, progress);
   progress.Finish();
+  if (!moved.ok()) return ReportError(kCommand, moved);
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  DescribeTransfers(tensors);
+  summary.memcpy_seconds = TimeMemcpyOf(tensors);
 
-  for (PutTensor& tensor : tensors) {
-    const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
-    const HostView& view = tensor.entry.source->view();
-    const std::string kind = first->buffer().is_alias()          ? "aliased"
-                             : tensor.device_dtype != view.dtype ? "converted"
-                             : !view.IsNativeByteOrder()         ? "byte-swapped"
-                                                                 : "direct";
-    tensor.path = tensor.sharded ? "sharded/" + kind : kind;
-  }
-  const double memcpy_seconds = TimeMemcpyOf(tensors);
-
-  // --verify: every tensor read back and compared with the file. A tensor stored in another dtype
-  // may differ (a lossy conversion, which was asked for): that is reported as exactly that. A
-  // tensor stored in its own dtype must match bit for bit, or the command fails.
-  bool verified = false;
-  std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
   if (options.verify) {
-    ProgressBar verify_progress("verify", total_bytes);
-    int64_t checked = 0;
-    for (const PutTensor& tensor : tensors) {
-      auto result = Verify(tensor);
-      if (!result.ok()) return ReportError(kCommand, result.status());
-      const DType file_dtype = tensor.entry.source->view().dtype;
-      // Stored in its own dtype, a tensor must come back bit for bit; converted, value for value.
-      if (!result->exact && (tensor.device_dtype == file_dtype || result->differing != 0)) {
-        if (tensor.device_dtype == file_dtype) {
-          return ReportError(
-              kCommand,
-              absl::DataLossError(fmt::format(
-                  "verify: tensor '{}' of {} read back differently from the file ({} elements "
-                  "differ, max error {:g})",
-                  tensor.entry.name, tensor.file, result->differing, result->max_error)));
-        }
-        lossy.push_back(fmt::format("{} ({} -> {}): {} of {} elements differ, max error {:g}",
-                                    tensor.entry.name, DTypeName(file_dtype),
-                                    DTypeName(tensor.device_dtype), result->differing,
-                                    tensor.entry.source->view().num_elements(), result->max_error));
-      }
-      checked += tensor.bytes;
-      verify_progress.Update(checked);
+    if (Status verified = VerifyAll(tensors, summary.total_bytes, summary.lossy); !verified.ok()) {
+      return ReportError(kCommand, verified);
     }
-    verify_progress.Finish();
-    verified = true;
+    summary.verified = true;
   }
 
-  // The table.
-  fmt::print("{:<40} {:<18} {:<22} {:<18} {:>12}\n", "tensor", "shape", "dtype (file -> device)",
-             "path", "size");
-  for (const PutTensor& tensor : tensors) {
-    const std::string dtypes = fmt::format("{} -> {}", DTypeName(tensor.entry.source->view().dtype),
-                                           DTypeName(tensor.device_dtype));
-    fmt::print("{:<40} {:<18} {:<22} {:<18} {:>12}\n", tensor.entry.name,
-               ShapeString(tensor.entry.source->view().dims), dtypes, tensor.path,
-               FormatBytes(static_cast<double>(tensor.bytes)));
-  }
-  const double gbps = seconds > 0 ? total_bytes / seconds / 1e9 : 0;
-  const double vs_memcpy = seconds > 0 ? memcpy_seconds / seconds : 0;
-  fmt::print("total: {} tensors, {} in {:.3f} s = {:.2f} GB/s on {}; vs_memcpy {:.2f}{}\n",
-             tensors.size(), FormatBytes(static_cast<double>(total_bytes)), seconds, gbps,
-             mesh.has_value() ? options.mesh : device->name(), vs_memcpy,
-             !verified ? ""
-             : lossy.empty()
-                 ? "; verified: every tensor matches the file"
-                 : fmt::format("; verified: {} of {} tensors match the file exactly, {} "
-                               "differ by the requested conversion",
-                               tensors.size() - lossy.size(), tensors.size(), lossy.size()));
-  for (const std::string& line : lossy) fmt::print("lossy conversion: {}\n", line);
-
+  // With --json -, stdout carries the JSON alone and the report goes to stderr.
+  const bool json_to_stdout = options.json_path == "-";
+  std::FILE* report_stream = json_to_stdout ? stderr : stdout;
+  fmt::print(report_stream, "{}",
+             FormatReport(tensors, *target, summary, OutputWidth(fileno(report_stream))));
   if (!options.json_path.empty()) {
-    nlohmann::json json;
-    json["files"] = options.files;
-    json["device"] = mesh.has_value() ? options.mesh : device->name();
-    json["total_bytes"] = total_bytes;
-    json["seconds"] = seconds;
-    json["gbps"] = gbps;
-    json["memcpy_seconds"] = memcpy_seconds;
-    json["vs_memcpy"] = vs_memcpy;
-    json["verified"] = verified;
-    json["verified_exact"] = verified && lossy.empty();
-    json["lossy"] = lossy;
-    for (const PutTensor& tensor : tensors) {
-      const HostView& view = tensor.entry.source->view();
-      json["tensors"].push_back(
-          {{"name", tensor.entry.name},
-           {"file", tensor.file},
-           {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
-           {"file_dtype", DTypeName(view.dtype)},
-           {"device_dtype", DTypeName(tensor.device_dtype)},
-           {"path", tensor.path},
-           {"bytes", tensor.bytes}});
-    }
-    std::ofstream out(options.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) {
-      return ReportError(kCommand, InvalidArgumentError(fmt::format("cannot write --json file '{}'",
-                                                                    options.json_path)));
-    }
+    const Status written =
+        WriteJson(SummaryJson(options, tensors, *target, summary), options.json_path);
+    if (!written.ok()) return ReportError(kCommand, written);
   }
   return kExitOk;
 }
@@ -370,8 +506,11 @@ CommandRunner AddPutCommand(CLI::App& app) {
       ->required();
   auto* device =
       command->add_option("--device", options->device, "Target device")->capture_default_str();
-  auto* mesh = command->add_option("--mesh", options->mesh,
-                                   "Comma-separated devices to shard over (a 1-d mesh)");
+  auto* mesh =
+      command->add_option("--mesh", options->mesh,
+                          "Comma-separated devices to shard over (a 1-d mesh), e.g. host:0,host:1; "
+                          "or all (all:BACKEND): every device of every process, in process "
+                          "order, under mpiexec (docs/distributed.md)");
   device->excludes(mesh);
   command
       ->add_option("--shard-dim", options->shard_dim,
@@ -391,7 +530,12 @@ CommandRunner AddPutCommand(CLI::App& app) {
   command->add_flag("--verify", options->verify,
                     "Read every tensor back and compare it with the file itself (a conversion "
                     "that changed values is reported as lossy, with its largest error)");
-  command->add_option("--json", options->json_path, "Also write the results as JSON to this file");
+  command->add_option("--json", options->json_path,
+                      "Also write the results as JSON to this file (-: to stdout, the table then "
+                      "to stderr)");
+  command->add_flag("--drop-page-cache", options->drop_page_cache,
+                    "With --mesh all: drop the files from the page cache first (posix_fadvise), "
+                    "so that the bytes read and made resident are measured from a cold cache");
   return [options] { return RunPut(*options); };
 }
 

@@ -1,12 +1,13 @@
 // `ferry sample FILE --size SIZE`: writes a realistic checkpoint (transformer-like shapes, mixed
-// dtypes, deterministic pseudo-random values) for demos and benchmarks.
+// dtypes, deterministic pseudo-random values; ferry/io/sample_checkpoint.h) for demos and
+// benchmarks, its tensors within one tensor of SIZE.
 #include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "bench/sample_checkpoint.h"
 #include "ferry/core/host_tensor.h"
+#include "ferry/io/sample_checkpoint.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
 #include "tools/ferry/cli_common.h"
@@ -42,16 +43,16 @@ int RunSample(const SampleOptions& options) {
     if (!dtype.ok()) return ReportError(kCommand, dtype.status());
     float_dtype = *dtype;
   }
-  std::vector<bench::SampleTensor> plan;
+  std::vector<SampleTensor> plan;
   if (format == "npy") {  // one tensor: a weight matrix of about the requested size
     const int64_t columns = 4096;
     const DType dtype = float_dtype.value_or(DType::kF32);
     plan.push_back(
         {"weight", dtype, {std::max<int64_t>(1, *target / DTypeSize(dtype) / columns), columns}});
   } else {
-    plan = bench::PlanSampleCheckpoint(*target, options.hidden, float_dtype);
+    plan = PlanSampleCheckpoint(*target, options.hidden, float_dtype);
     if (format == "npz") {  // numpy has no bfloat16: .npz checkpoints keep it as float16
-      for (bench::SampleTensor& tensor : plan) {
+      for (SampleTensor& tensor : plan) {
         if (tensor.dtype == DType::kBF16) tensor.dtype = DType::kF16;
       }
     }
@@ -61,11 +62,11 @@ int RunSample(const SampleOptions& options) {
   int64_t total = 0;
   ProgressBar progress("sample", [&] {
     int64_t bytes = 0;
-    for (const auto& tensor : plan) bytes += bench::SampleTensorBytes(tensor);
+    for (const auto& tensor : plan) bytes += SampleTensorBytes(tensor);
     return bytes;
   }());
   for (size_t i = 0; i < plan.size(); ++i) {
-    auto tensor = bench::FillSampleTensor(plan[i], i + 1);
+    auto tensor = FillSampleTensor(plan[i], i + 1);
     if (!tensor.ok()) return ReportError(kCommand, tensor.status());
     total += tensor->size_bytes();
     progress.Update(total);
@@ -91,7 +92,10 @@ CommandRunner AddSampleCommand(CLI::App& app) {
   CLI::App* command =
       app.add_subcommand("sample", "Write a realistic sample checkpoint for demos and benchmarks");
   command->add_option("file", options->path, "Output file")->required();
-  command->add_option("--size", options->size, "Approximate size, e.g. 64MiB or 1GiB")
+  command
+      ->add_option("--size", options->size,
+                   "Size of the tensors, e.g. 64MiB or 1GiB (the file holds at most this, less at "
+                   "most one tensor, plus its header)")
       ->capture_default_str();
   command->add_option("--format", options->format,
                       "safetensors | npy | npz (default: from the file's extension)");

@@ -1,10 +1,10 @@
-#include "sample_checkpoint.h"
+#include "ferry/io/sample_checkpoint.h"
 
 #include "ferry/core/copy_convert.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
 
-namespace ferry::bench {
+namespace ferry {
 
 int64_t SampleTensorBytes(const SampleTensor& tensor) {
   int64_t count = 1;
@@ -25,8 +25,15 @@ std::vector<SampleTensor> PlanSampleCheckpoint(int64_t target_bytes, int64_t hid
       {"model.embed_tokens.weight", floating(DType::kBF16), {vocab, hidden}},
       {"model.position_ids", DType::kS64, {1, 2048}},
   };
-  int64_t total = SampleTensorBytes(plan[0]) + SampleTensorBytes(plan[1]);
-  for (int layer = 0; total < target_bytes; ++layer) {
+  const std::vector<SampleTensor> tail = {
+      {"model.norm.weight", floating(DType::kF32), {hidden}},
+      {"lm_head.weight", floating(DType::kF32), {vocab / 4, hidden}},
+  };
+  int64_t total = 0;
+  for (const SampleTensor& tensor : plan) total += SampleTensorBytes(tensor);
+  for (const SampleTensor& tensor : tail) total += SampleTensorBytes(tensor);
+  // Layer tensors while the next one fits; the first that would pass the target ends the plan.
+  for (int layer = 0;; ++layer) {
     const std::string prefix = fmt::format("model.layers.{}.", layer);
     const std::vector<SampleTensor> layer_tensors = {
         {prefix + "input_layernorm.weight", floating(DType::kF32), {hidden}},
@@ -41,13 +48,14 @@ std::vector<SampleTensor> PlanSampleCheckpoint(int64_t target_bytes, int64_t hid
         {prefix + "mlp.down_proj.weight", floating(DType::kBF16), {hidden, 4 * hidden}},
     };
     for (const SampleTensor& tensor : layer_tensors) {
+      if (total + SampleTensorBytes(tensor) > target_bytes) {
+        plan.insert(plan.end(), tail.begin(), tail.end());
+        return plan;
+      }
       total += SampleTensorBytes(tensor);
       plan.push_back(tensor);
     }
   }
-  plan.push_back({"model.norm.weight", floating(DType::kF32), {hidden}});
-  plan.push_back({"lm_head.weight", floating(DType::kF32), {vocab / 4, hidden}});
-  return plan;
 }
 
 StatusOr<HostTensor> FillSampleTensor(const SampleTensor& tensor, uint64_t seed) {
@@ -82,4 +90,4 @@ Status WriteSampleSafetensors(const std::string& path, const std::vector<SampleT
   return WriteSafetensors(path, named, metadata);
 }
 
-}  // namespace ferry::bench
+}  // namespace ferry

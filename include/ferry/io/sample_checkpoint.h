@@ -1,5 +1,6 @@
-// Sample checkpoints: a decoder-only transformer's tensors with deterministic pseudo-random values,
-// for `ferry sample` and the file cases of ferry-bench (which write the same files).
+// Sample checkpoints: a decoder-only transformer's tensors with deterministic pseudo-random
+// values, for demos, tests and benchmarks (`ferry sample` writes them; ferry-bench's file cases
+// write the same files). Nothing here keeps state: every function is thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/status.h"
 
-namespace ferry::bench {
+namespace ferry {
 
 struct SampleTensor {
   std::string name;
@@ -20,13 +21,17 @@ struct SampleTensor {
   std::vector<int64_t> dims;
 };
 
+// The tensor's size in bytes (dense).
 int64_t SampleTensorBytes(const SampleTensor& tensor);
 
-// A decoder-only transformer's tensors (embedding, then layer after layer of attention and MLP
-// weights and norms, then the final norm and head) until `target_bytes` is reached. `hidden` = 0
-// chooses the hidden size from the target (256 to 2048). The weights are mixed as in real
-// checkpoints (bf16 matrices, an f16 gate, f32 norms, an i64 position table); `float_dtype`, when
-// given, stores every floating-point tensor in that dtype instead (the i64 table stays).
+// A decoder-only transformer's tensors: the embedding and a position table, then layer after
+// layer of attention and MLP weights and norms, then the final norm and head. Their total is
+// within one tensor of `target_bytes`: at most `target_bytes` (the last layer stops early, at the
+// first tensor that would pass it), unless the embedding, position table, norm and head alone
+// pass it. `hidden` = 0 chooses the hidden size from the target (256 to 2048). The weights are
+// mixed as in real checkpoints (bf16 matrices, an f16 gate, f32 norms, an i64 position table);
+// `float_dtype`, when given, stores every floating-point tensor in that dtype instead (the i64
+// table stays).
 std::vector<SampleTensor> PlanSampleCheckpoint(int64_t target_bytes, int64_t hidden = 0,
                                                std::optional<DType> float_dtype = std::nullopt);
 
@@ -39,4 +44,4 @@ StatusOr<HostTensor> FillSampleTensor(const SampleTensor& tensor, uint64_t seed)
 Status WriteSampleSafetensors(const std::string& path, const std::vector<SampleTensor>& plan,
                               const std::map<std::string, std::string>& metadata = {});
 
-}  // namespace ferry::bench
+}  // namespace ferry

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""The `ferry` command in a pseudo-terminal: every line fits 80 columns (progress bars, the put
+table with long tensor names, the devices list, help), and a wider terminal is used in full.
+
+Usage: cli_width_test.py /path/to/ferry. Needs only the standard library (pty, termios)."""
+
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+
+FERRY = sys.argv[1]
+ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+LONG_NAME = "model.encoder.layers.17.attention.self_attention_block.query_key_value_projection.weight"
+
+
+def run_in_terminal(args, columns, env=None):
+    """Runs FERRY args with stdin/stdout/stderr on a pty of `columns`; returns (rc, output)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    child_env = dict(os.environ)
+    child_env.pop("COLUMNS", None)
+    child_env.update(env or {})
+    process = subprocess.Popen([FERRY] + args, stdin=slave, stdout=slave, stderr=slave,
+                               env=child_env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    rc = process.wait(timeout=120)
+    return rc, b"".join(chunks).decode("utf-8", "replace")
+
+
+def screen_lines(output):
+    """What the terminal shows as separate lines: split at newlines and carriage returns (the
+    progress bar redraws its line after a \\r), escape sequences removed."""
+    return [ESCAPES.sub("", piece) for piece in re.split(r"\r\n|\n|\r", output)]
+
+
+def write_safetensors(path, names):
+    """A safetensors file of 4-element float32 tensors with these names (stdlib only)."""
+    header, offset = {}, 0
+    for name in names:
+        header[name] = {"dtype": "F32", "shape": [2, 2], "data_offsets": [offset, offset + 16]}
+        offset += 16
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + struct.pack("<4f", 1, 2, 3, 4) * len(names))
+
+
+failures = []
+
+
+def check(description, condition, detail=""):
+    print(("ok: " if condition else "FAIL: ") + description)
+    if not condition:
+        failures.append(description)
+        if detail:
+            print(detail)
+
+
+def check_fits(description, output, columns):
+    lines = screen_lines(output)
+    widest = max((len(line) for line in lines), default=0)
+    too_wide = [line for line in lines if len(line) > columns]
+    check(f"{description}: every line fits {columns} columns (widest {widest})", not too_wide,
+          "\n".join(repr(line) for line in too_wide))
+    return lines
+
+
+with tempfile.TemporaryDirectory() as work:
+    sample = os.path.join(work, "sample.safetensors")
+    named = os.path.join(work, "named.safetensors")
+    write_safetensors(named, [LONG_NAME, "short"])
+
+    rc, out = run_in_terminal(["sample", sample, "--size", "48MiB"], 80)
+    check("sample exits 0", rc == 0, out)
+    check_fits("sample (progress bar)", out, 80)
+    check("sample drew its progress bar", "sample [" in out, out)
+
+    rc, out = run_in_terminal(["put", sample, named, "--verify"], 80)
+    check("put exits 0", rc == 0, out)
+    lines = check_fits("put --verify (progress bars, table, totals)", out, 80)
+    check("put drew its progress bar", "put [" in out, out)
+    check("the long name is shortened in the middle at 80 columns",
+          any(line.startswith("model.encoder.") and "..." in line and "weight" in line
+              for line in lines), out)
+
+    rc, out = run_in_terminal(["put", sample, named, "--device-dtype", "bfloat16", "--verify"], 80)
+    check("put converted exits 0", rc == 0, out)
+    check_fits("put with lossy conversions", out, 80)
+
+    rc, out = run_in_terminal(["put", named, "--mesh", "host:0, host:1,host:2"], 80,
+                              {"FERRY_HOST_DEVICES": "3"})
+    check("put on a mesh exits 0", rc == 0, out)
+    check_fits("put on a mesh", out, 80)
+
+    rc, out = run_in_terminal(["devices"], 80, {"FERRY_HOST_DEVICES": "2"})
+    check("devices exits 0", rc == 0, out)
+    check_fits("devices", out, 80)
+
+    for args in (["--help"], ["put", "--help"], ["sample", "--help"], ["devices", "--help"]):
+        rc, out = run_in_terminal(args, 80)
+        check(f"{' '.join(args)} exits 0", rc == 0, out)
+        check_fits(" ".join(args), out, 80)
+
+    rc, out = run_in_terminal(["put", os.path.join(work, "missing" * 12 + ".safetensors")], 80)
+    check("a missing file exits 1", rc == 1, out)
+    check_fits("an error about a long path", out, 80)
+
+    # A wider terminal is used: the long name whole, the bar longer than at 80 columns.
+    rc, out = run_in_terminal(["put", sample, named], 160)
+    check("put at 160 columns exits 0", rc == 0, out)
+    lines = check_fits("put at 160 columns", out, 160)
+    check("the long name is whole at 160 columns", any(LONG_NAME in line for line in lines), out)
+    check("some line uses more than 80 columns", any(len(line) > 80 for line in lines), out)
+
+print(f"cli width: {len(failures)} failed")
+sys.exit(1 if failures else 0)
