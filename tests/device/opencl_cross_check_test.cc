@@ -26,7 +26,7 @@
 #include "gtest/gtest.h"
 #include "src/device/opencl/opencl_client.h"
 #include "src/device/opencl/opencl_status.h"
-#include "src/device/opencl/staging_ring.h"
+#include "src/device/opencl/opencl_transfer.h"
 
 namespace ferry {
 namespace {

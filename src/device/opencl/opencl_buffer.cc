@@ -8,7 +8,7 @@
 #include "fmt/ranges.h"
 #include "src/device/opencl/opencl_client.h"
 #include "src/device/opencl/opencl_status.h"
-#include "src/device/opencl/staging_ring.h"
+#include "src/device/opencl/opencl_transfer.h"
 
 namespace ferry::opencl {
 

@@ -26,10 +26,13 @@
 #include "src/device/client_lifetime.h"
 #include "src/device/opencl/opencl_library.h"
 
+namespace ferry {
+class StagingRing;
+}  // namespace ferry
+
 namespace ferry::opencl {
 
 class OpenClDevice;
-class StagingRing;
 
 // One device's cl_context (a context of its own), in-order command queue and cache of freed
 // device memory. OpenCL 1.1+ makes every call used here thread-safe, so the queue is shared without

@@ -215,7 +215,7 @@ OpenClDevice::OpenClDevice(OpenClClient* client, int index, OpenClDeviceInfo inf
       capabilities_(std::move(capabilities)),
       queue_(std::move(queue)),
       memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)),
-      ring_(std::make_unique<StagingRing>(*queue_)) {}
+      ring_(MakeStagingRing(*queue_)) {}
 
 Client* OpenClDevice::client() const { return client_; }
 

@@ -25,7 +25,7 @@
 #include "ferry/device/registry.h"
 #include "src/device/opencl/opencl_buffer.h"
 #include "src/device/opencl/opencl_library.h"
-#include "src/device/opencl/staging_ring.h"
+#include "src/device/opencl/opencl_transfer.h"
 
 namespace ferry::opencl {
 

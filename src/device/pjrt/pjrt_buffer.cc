@@ -10,12 +10,14 @@
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
 #include "src/device/pjrt/pjrt_client.h"
+#include "src/device/staging_ring.h"
 
 namespace ferry::pjrt {
 namespace {
 
 constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
-// Partial reads in flight at once (of the client's StagingPool::kDefaultChunks).
+// Partial reads in flight at once (fewer than the staging ring's chunks, so that a read never
+// waits for a chunk that only a later landing would return).
 constexpr int kReadWindow = 2;
 
 int64_t DenseBytes(const PjrtBufferParts& parts) {
@@ -188,7 +190,6 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
     return OkStatus();
   }
   const DType device_dtype = parts_.device_dtype;
-  const int64_t element_size = DTypeSize(device_dtype);
   const std::shared_ptr<PjrtBufferHandle> handle = parts_.handle;
   const PJRT_Api& api = handle->runtime().api();
 
@@ -240,62 +241,38 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
     return OkStatus();
   }
 
-  // Partial reads into staging chunks, each converted into `dst` here, with up to kReadWindow
-  // chunks in flight.
-  FERRY_ASSIGN_OR_RETURN(
-      const CopyConvertPlan shape,
-      CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, parts_.dims), dst));
-  StagingPool& staging = client_->staging();
-  const int64_t row_elements = std::max<int64_t>(1, shape.row_elements());
-  int64_t chunk_elements = std::max<int64_t>(1, staging.chunk_bytes() / element_size);
-  if (chunk_elements >= row_elements) chunk_elements -= chunk_elements % row_elements;
-  struct PendingChunk {
+  // Partial reads into the client's staging ring, each chunk converted into `dst` on this worker
+  // once its event has been awaited, with up to kReadWindow reads in flight.
+  struct PendingRead {
     PJRT_Event* event;
-    std::byte* chunk;
-    int64_t begin;
-    int64_t end;
+    ChunkDone landed;
   };
-  std::deque<PendingChunk> pending;
-  Status result;
-  auto finish_oldest = [&] {
-    PendingChunk oldest = pending.front();
+  std::deque<PendingRead> pending;
+  const std::string what = fmt::format("CopyRawToHost from {}", device_name_);
+  auto land_oldest = [&] {
+    PendingRead oldest = std::move(pending.front());
     pending.pop_front();
-    Status status =
-        AwaitEvent(api, oldest.event, fmt::format("CopyRawToHost from {}", device_name_));
-    if (status.ok()) {
-      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
-          HostView::Dense(oldest.chunk - oldest.begin * element_size, device_dtype, parts_.dims),
-          dst);
-      if (plan.ok()) {
-        plan->CopyElements(oldest.begin, oldest.end);
-      } else {
-        status = plan.status();
-      }
-    }
-    staging.Release(oldest.chunk);
-    if (result.ok()) result = std::move(status);
+    std::move(oldest.landed)(AwaitEvent(api, oldest.event, what));
   };
-  for (int64_t begin = 0; begin < num_elements && result.ok();) {
-    while (static_cast<int>(pending.size()) >= kReadWindow) finish_oldest();
-    const int64_t end = std::min(num_elements, begin + chunk_elements);
-    std::byte* chunk = staging.Acquire();
-    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-    args.buffer = handle->get();
-    args.dst = chunk;
-    args.offset = begin * element_size;
-    args.transfer_size = (end - begin) * element_size;
-    result = handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args),
-                                     fmt::format("CopyRawToHost from {}", device_name_));
-    if (!result.ok()) {
-      staging.Release(chunk);
-      break;
-    }
-    metrics::StagingBytes()->Add((end - begin) * element_size);
-    pending.push_back({args.event, chunk, begin, end});
-    begin = end;
-  }
-  while (!pending.empty()) finish_oldest();
-  done.Set(std::move(result));
+  Promise<> read;
+  auto counter = std::make_shared<PieceCounter>([read](Status status) { read.Set(status); });
+  Status started = StagedRead(
+      client_->staging(), device_dtype, dst,
+      [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
+        while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
+        auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+        args.buffer = handle->get();
+        args.dst = chunk.host;
+        args.offset = piece.offset_bytes;
+        args.transfer_size = piece.size_bytes;
+        FERRY_RETURN_IF_ERROR(handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
+        pending.push_back({args.event, std::move(landed)});
+        return OkStatus();
+      },
+      counter);
+  while (!pending.empty()) land_oldest();
+  counter->Done(std::move(started));
+  done.Set(read.future().Await());
   return OkStatus();
 }
 

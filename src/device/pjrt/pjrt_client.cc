@@ -155,78 +155,6 @@ std::string PjrtDevice::description() const {
 
 // ---------------------------------------------------------------------------------------------
 
-StagingPool::StagingPool(int num_chunks, int64_t chunk_bytes) : chunk_bytes_(chunk_bytes) {
-  for (int i = 0; i < num_chunks; ++i) {
-    std::byte* chunk = AllocateHostMemory(chunk_bytes);
-    if (chunk == nullptr) break;
-    chunks_.push_back(chunk);
-  }
-  MutexLock lock(mutex_);
-  free_ = chunks_;
-}
-
-StagingPool::~StagingPool() {
-  for (std::byte* chunk : chunks_) FreeHostMemory(chunk, chunk_bytes_);
-}
-
-std::byte* StagingPool::Acquire() {
-  MutexLock lock(mutex_);
-  while (free_.empty()) lock.Wait(chunk_free_);
-  std::byte* chunk = free_.back();
-  free_.pop_back();
-  return chunk;
-}
-
-void StagingPool::Release(std::byte* chunk) {
-  {
-    MutexLock lock(mutex_);
-    free_.push_back(chunk);
-  }
-  chunk_free_.notify_one();
-}
-
-StagingWorker::StagingWorker() : thread_([this] { Loop(); }) {}
-
-StagingWorker::~StagingWorker() { Shutdown(); }
-
-Status StagingWorker::Submit(Job job) {
-  {
-    MutexLock lock(mutex_);
-    if (stopping_) return FailedPreconditionError("the pjrt client is shutting down");
-    jobs_.push_back(std::move(job));
-  }
-  job_available_.notify_one();
-  return OkStatus();
-}
-
-void StagingWorker::Shutdown() {
-  std::deque<Job> cancelled;
-  {
-    MutexLock lock(mutex_);
-    stopping_ = true;
-    cancelled.swap(jobs_);
-  }
-  job_available_.notify_all();
-  for (Job& job : cancelled) std::move(job)(CancelledError("the pjrt client shut down first"));
-  if (thread_.joinable()) thread_.join();
-}
-
-void StagingWorker::Loop() {
-  while (true) {
-    Job job;
-    {
-      MutexLock lock(mutex_);
-      while (!stopping_ && jobs_.empty()) lock.Wait(job_available_);
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-    }
-    std::move(job)(OkStatus());
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-
 StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& options) {
   FERRY_ASSIGN_OR_RETURN(const std::string path, FindPjrtPlugin(options.pjrt_plugin.value_or("")));
   FERRY_ASSIGN_OR_RETURN(const PjrtLibrary* library, LoadPjrtLibrary(path));
@@ -250,13 +178,12 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
 
 PjrtClient::PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers)
     : runtime_(std::move(runtime)),
-      staging_(std::make_unique<StagingPool>()),
-      worker_(std::make_unique<StagingWorker>()),
+      staging_(std::make_unique<StagingRing>("the pjrt client", StagingChunkAllocator::Host())),
       engine_(std::make_shared<host::TransferEngine>(num_workers)) {}
 
 PjrtClient::~PjrtClient() {
   runtime_->lifetime()->Close();
-  worker_->Shutdown();
+  staging_->Shutdown();
   engine_->Shutdown();
   runtime_->lifetime()->WaitUntilIdle();
 }
@@ -526,7 +453,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
             return;
           }
           auto deferred = std::make_shared<decltype(release_source)>(std::move(release_source));
-          Status queued = worker_->Submit(
+          Status queued = staging_->Submit(
               [deferred, status](Status) mutable { std::move (*deferred)(std::move(status)); });
           // Only a closing client refuses: then run it here rather than never.
           if (!queued.ok()) std::move (*deferred)(std::move(status));
@@ -624,9 +551,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
   const int64_t element_size = DTypeSize(device_dtype);
   const int64_t num_elements = src.num_elements();
   const int64_t device_bytes = num_elements * element_size;
-  FERRY_ASSIGN_OR_RETURN(
-      const CopyConvertPlan shape,
-      CopyConvertPlan::Create(src, MutableHostView::Dense(nullptr, device_dtype, src.dims)));
+  FERRY_RETURN_IF_ERROR(
+      CopyConvertPlan::Create(src, MutableHostView::Dense(nullptr, device_dtype, src.dims))
+          .status());
   FERRY_ASSIGN_OR_RETURN(
       ClientLifetime::Token token,
       ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
@@ -670,67 +597,29 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
   parts.dims = src.dims;
   parts.memory_keepalive = accounted;
 
-  // Writes every chunk (waiting for free staging chunks), then releases the manager. The
-  // manager may be destroyed while TransferData events are pending: the buffer keeps the data.
-  const int64_t row_elements = std::max<int64_t>(1, shape.row_elements());
-  int64_t chunk_elements = std::max<int64_t>(1, staging_->chunk_bytes() / element_size);
-  if (chunk_elements >= row_elements) chunk_elements -= chunk_elements % row_elements;
-  auto write_all = [this, &api, src, device_dtype, num_elements, element_size, chunk_elements,
-                    manager, destroy_manager, name = std::string(tensor_name)](
-                       const std::shared_ptr<PieceCounter>& counter) -> Status {
-    Status result;
-    if (num_elements == 0) {
-      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
-      alignas(64) static const std::byte kEmpty[64] = {};
-      args.transfer_manager = manager;
-      args.data = kEmpty;
-      args.is_last_transfer = true;
-      result = runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
-                               fmt::format("tensor '{}': TransferData", name));
-      if (result.ok()) {
-        counter->Add();
-        OnEventReady(
-            api, args.done_with_h2d_transfer,
-            [counter](Status status) { counter->Done(std::move(status)); }, name);
-      }
-    }
-    for (int64_t begin = 0; begin < num_elements && result.ok();) {
-      const int64_t end = std::min(num_elements, begin + chunk_elements);
-      std::byte* chunk = staging_->Acquire();
-      // The plan writes elements [begin, end) at their offsets from a base `begin` elements
-      // before the chunk, so they land at the chunk's start.
-      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
-          src, MutableHostView::Dense(chunk - begin * element_size, device_dtype, src.dims));
-      if (!plan.ok()) {
-        staging_->Release(chunk);
-        result = plan.status();
-        break;
-      }
-      plan->CopyElements(begin, end);
-      metrics::StagingBytes()->Add((end - begin) * element_size);
-      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
-      args.transfer_manager = manager;
-      args.buffer_index = 0;
-      args.data = chunk;
-      args.offset = begin * element_size;
-      args.transfer_size = (end - begin) * element_size;
-      args.is_last_transfer = end == num_elements;
-      result = runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
-                               fmt::format("tensor '{}': TransferData", name));
-      if (!result.ok()) {
-        staging_->Release(chunk);
-        break;
-      }
-      counter->Add();
-      OnEventReady(
-          api, args.done_with_h2d_transfer,
-          [this, chunk, counter](Status status) {
-            staging_->Release(chunk);
-            counter->Done(std::move(status));
-          },
-          name);
-      begin = end;
-    }
+  // Writes every chunk through the shared staging ring (waiting for free chunks), then releases
+  // the manager. The manager may be destroyed while TransferData events are pending: the buffer
+  // keeps the data.
+  auto write_all =
+      [this, &api, src, device_dtype, manager, destroy_manager,
+       name = std::string(tensor_name)](const std::shared_ptr<PieceCounter>& counter) -> Status {
+    Status result = StagedWrite(
+        *staging_, src, device_dtype,
+        [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone done) -> Status {
+          auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+          args.transfer_manager = manager;
+          args.buffer_index = 0;
+          args.data = chunk.host;
+          args.offset = piece.offset_bytes;
+          args.transfer_size = piece.size_bytes;
+          args.is_last_transfer = piece.last;
+          FERRY_RETURN_IF_ERROR(
+              runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
+                              fmt::format("tensor '{}': TransferData", name)));
+          OnEventReady(api, args.done_with_h2d_transfer, std::move(done), name);
+          return OkStatus();
+        },
+        counter);
     if (!result.ok()) {
       // Fail the buffer, so that nothing waits for bytes that will never come.
       auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args);
@@ -785,7 +674,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
     auto counter = std::make_shared<PieceCounter>(std::move(finish));
     counter->Done(write_all(counter));
   };
-  FERRY_RETURN_IF_ERROR(worker_->Submit(std::move(job)));
+  FERRY_RETURN_IF_ERROR(staging_->Submit(std::move(job)));
   return buffer;
 }
 

@@ -13,32 +13,29 @@
 //   whose on_delete gives the memory back). The plugin's own upload writes fresh pages every time.
 // - same dtype, native byte order, strides in whole elements: the plugin's BufferFromHostBuffer
 //   with the source's byte strides; on_done from done_with_host_buffer.
-// - anything else (a conversion, a byte-swapped file, odd strides): chunks of a bounded staging
-//   pool filled by the fused copy-convert and fed to the plugin's transfer manager
-//   (CreateBuffersForAsyncHostToDevice + TransferData): never a full-size temporary.
+// - anything else (a conversion, a byte-swapped file, odd strides): chunks of the client's
+//   staging ring (src/device/staging_ring.h, shared with OpenCL) filled by the fused copy-convert
+//   and fed to the plugin's transfer manager (CreateBuffersForAsyncHostToDevice +
+//   TransferData): never a full-size temporary.
 // Every argument is checked before it reaches the plugin (the plugins crash on bad input).
 //
 // Threads: the plugin's event continuations run on_done and complete Ready() (PJRT's own
-// threads: the GIL deadlock path, for real); staged asynchronous transfers run on one worker
-// thread of the client; the direct path on the transfer engine's workers.
+// threads: the GIL deadlock path, for real); staged asynchronous transfers run on the staging
+// ring's worker thread; the direct path on the transfer engine's workers.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "ferry/core/mutex.h"
 #include "ferry/device/client.h"
 #include "ferry/device/memory_account.h"
 #include "ferry/device/registry.h"
 #include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/device/staging_ring.h"
 
 namespace ferry::pjrt {
 
@@ -97,56 +94,6 @@ class PjrtDevice final : public Device {
   const std::shared_ptr<MemoryAccount> memory_;
 };
 
-// Host chunks for staged transfers: a fixed number, handed out one at a time; a chunk returns
-// when the plugin's event says it has been read. Bounded: a transfer never holds more than
-// `num_chunks` x `chunk_bytes` of staging memory. Thread-safe.
-class StagingPool {
- public:
-  static constexpr int kDefaultChunks = 4;
-  static constexpr int64_t kDefaultChunkBytes = int64_t{8} << 20;
-
-  StagingPool(int num_chunks = kDefaultChunks, int64_t chunk_bytes = kDefaultChunkBytes);
-  ~StagingPool();
-  StagingPool(const StagingPool&) = delete;
-  StagingPool& operator=(const StagingPool&) = delete;
-
-  int64_t chunk_bytes() const { return chunk_bytes_; }
-  // Waits for a free chunk. Never call it from a plugin callback.
-  std::byte* Acquire();
-  // Any thread.
-  void Release(std::byte* chunk);
-
- private:
-  const int64_t chunk_bytes_;
-  std::vector<std::byte*> chunks_;
-  Mutex mutex_;
-  std::condition_variable chunk_free_;
-  std::vector<std::byte*> free_ ABSL_GUARDED_BY(mutex_);
-};
-
-// One thread that runs a client's asynchronous staged transfers in FIFO order, so that the
-// callers of kImmutableUntilTransferCompletes never wait for a staging chunk themselves.
-class StagingWorker {
- public:
-  using Job = absl::AnyInvocable<void(Status) &&>;
-  StagingWorker();
-  // Shutdown().
-  ~StagingWorker();
-  // FailedPrecondition (the job is dropped uncalled) after Shutdown.
-  Status Submit(Job job);
-  // Runs every queued job with Cancelled, lets the running one finish, joins. Idempotent.
-  void Shutdown();
-
- private:
-  void Loop();
-
-  Mutex mutex_;
-  std::condition_variable job_available_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(mutex_);
-  bool stopping_ ABSL_GUARDED_BY(mutex_) = false;
-  std::thread thread_;
-};
-
 class PjrtClient final : public Client {
  public:
   // Finds and loads the plugin (options.pjrt_plugin, FERRY_PJRT_PLUGIN, else the first installed
@@ -173,11 +120,13 @@ class PjrtClient final : public Client {
 
   const PjrtPlatformInfo& platform() const { return platform_; }
   const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }
-  StagingPool& staging() { return *staging_; }
+  // The client's staging ring (host chunks; src/device/staging_ring.h) and its worker.
+  StagingRing& staging() { return *staging_; }
   const std::shared_ptr<host::TransferEngine>& engine() const { return engine_; }
-  // Runs `job` on the client's staging worker (work that may wait for staging chunks and so must
-  // not run on a plugin thread). FailedPrecondition once the client is shutting down.
-  Status RunOnStagingWorker(StagingWorker::Job job) { return worker_->Submit(std::move(job)); }
+  // Runs `job` on the staging ring's worker (work that may wait for staging chunks or for a
+  // plugin event, and so must not run on a plugin thread). FailedPrecondition once the client is
+  // shutting down.
+  Status RunOnStagingWorker(StagingRing::Job job) { return staging_->Submit(std::move(job)); }
 
  private:
   explicit PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers);
@@ -200,8 +149,7 @@ class PjrtClient final : public Client {
   PjrtPlatformInfo platform_;
   std::vector<std::unique_ptr<PjrtDevice>> devices_;
   std::vector<Device*> device_pointers_;
-  std::unique_ptr<StagingPool> staging_;
-  std::unique_ptr<StagingWorker> worker_;
+  std::unique_ptr<StagingRing> staging_;
   std::shared_ptr<host::TransferEngine> engine_;
 };
 

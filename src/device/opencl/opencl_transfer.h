@@ -1,6 +1,6 @@
 // The opencl backend's transfer machinery, shared by both directions: which path a host view
-// takes (direct, rectangular, staged), completion from OpenCL event callbacks, and the staging
-// ring with its worker thread.
+// takes (direct, rectangular, staged), completion from OpenCL event callbacks, and the pinned
+// staging ring (the device-level StagingRing with OpenCL chunks and commands).
 //
 // Threads. Event callbacks run on the OpenCL runtime's own threads (PoCL: its device worker
 // threads, between commands). A callback here never calls a blocking OpenCL function, never
@@ -11,27 +11,19 @@
 #pragma once
 
 #include <array>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <thread>
 #include <utility>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
-#include "ferry/core/copy_convert.h"
 #include "ferry/core/host_view.h"
-#include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
 #include "src/device/opencl/opencl_buffer.h"
 #include "src/device/opencl/opencl_library.h"
 #include "src/device/piece_counter.h"
+#include "src/device/staging_ring.h"
 
 namespace ferry::opencl {
 
@@ -111,78 +103,23 @@ class EventGate {
 // ---------------------------------------------------------------------------------------------
 // Staging.
 
-// Pinned staging chunks of one device (clCreateBuffer with CL_MEM_ALLOC_HOST_PTR, mapped once),
-// and a worker thread that runs staged transfers in FIFO order, so that asynchronous calls never
-// wait for a chunk themselves. The chunks are created on first use.
-class StagingRing {
- public:
-  static constexpr int kDefaultChunks = 4;
-  static constexpr int64_t kDefaultChunkBytes = int64_t{8} << 20;
+// The staging ring of one device (src/device/staging_ring.h) with pinned chunks: each made by
+// clCreateBuffer with CL_MEM_ALLOC_HOST_PTR and mapped once for the ring's life. `queue` must
+// outlive the ring (the client destroys its rings first).
+std::unique_ptr<StagingRing> MakeStagingRing(const DeviceQueue& queue);
 
-  struct Chunk {
-    cl_mem buffer = nullptr;
-    std::byte* host = nullptr;  // mapped for the ring's life
-  };
-
-  // `queue` must outlive the ring (the client destroys its rings first).
-  StagingRing(const DeviceQueue& queue, int num_chunks = kDefaultChunks,
-              int64_t chunk_bytes = kDefaultChunkBytes);
-  // Shutdown(), then unmaps and releases the chunks (blocking OpenCL calls): never destroy a
-  // ring from an event callback, and only once no chunk is in use.
-  ~StagingRing();
-  StagingRing(const StagingRing&) = delete;
-  StagingRing& operator=(const StagingRing&) = delete;
-
-  int64_t chunk_bytes() const { return chunk_bytes_; }
-
-  // Waits until a chunk is free and hands it out; creates the chunks on first use (an error if
-  // that fails). Never call it from an event callback; take one chunk at a time and enqueue its
-  // command before taking the next.
-  StatusOr<Chunk*> Acquire();
-  // Returns a chunk whose command has completed. Any thread; never blocks for long.
-  void Release(Chunk* chunk);
-
-  // Runs on the worker: OK, or Cancelled when Shutdown came first (then on the thread calling
-  // Shutdown).
-  using Job = absl::AnyInvocable<void(Status) &&>;
-  // Queues `job`. FailedPrecondition (and the job is dropped uncalled) after Shutdown.
-  Status Submit(Job job);
-  // Stops taking jobs, runs every queued job with Cancelled, lets the running one finish and
-  // joins the worker. Idempotent. Never call it from the worker or an event callback.
-  void Shutdown();
-
- private:
-  Status CreateChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunks_mutex_);
-  void WorkerLoop();
-
-  const DeviceQueue& queue_;
-  const int num_chunks_;
-  const int64_t chunk_bytes_;
-
-  Mutex chunks_mutex_;
-  std::condition_variable chunk_free_;
-  // Created once under the lock; the destructor reads them when no chunk can be in use.
-  std::vector<Chunk> chunks_ ABSL_GUARDED_BY(chunks_mutex_);
-  std::vector<Chunk*> free_chunks_ ABSL_GUARDED_BY(chunks_mutex_);
-
-  Mutex jobs_mutex_;
-  std::condition_variable job_available_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mutex_);
-  bool stopping_ ABSL_GUARDED_BY(jobs_mutex_) = false;
-  std::thread worker_ ABSL_GUARDED_BY(jobs_mutex_);
-};
-
-// Writes the elements of `src` into `memory` (dense, `device_dtype`) through `ring`, converting
-// on the way: one chunk at a time, each filled by the fused copy-convert while the previous ones
-// are in flight. Adds a piece to `counter` per chunk; each chunk's callback returns the chunk
-// and completes its piece. Returns once every chunk is enqueued (or the first error). Waits for
-// free chunks: call it on the worker or on a kImmutableOnlyDuringCall caller.
+// Writes the elements of `src` into `memory` (dense, `device_dtype`) through `ring` (the shared
+// StagedWrite, each chunk enqueued with clEnqueueWriteBuffer): each chunk's event callback
+// returns the chunk and completes its piece of `counter`. Returns once every chunk is enqueued
+// (or the first error). Waits for free chunks: call it on the ring's worker or on a
+// kImmutableOnlyDuringCall caller.
 Status StagedWrite(StagingRing& ring, const HostView& src, DType device_dtype,
                    const DeviceMemory& memory, const std::shared_ptr<PieceCounter>& counter,
                    std::string_view what);
 
-// Reads `memory` (dense, `device_dtype`, dims of `dst`) into `dst` through `ring`: each chunk's
-// callback converts it into `dst` and returns it. Same threading as StagedWrite.
+// Reads `memory` (dense, `device_dtype`, dims of `dst`) into `dst` through `ring` (the shared
+// StagedRead, each chunk read with clEnqueueReadBuffer): each chunk's event callback converts
+// it into `dst` and returns it. Same threading as StagedWrite.
 Status StagedRead(StagingRing& ring, const DeviceMemory& memory, DType device_dtype,
                   const MutableHostView& dst, const std::shared_ptr<PieceCounter>& counter,
                   std::string_view what);
