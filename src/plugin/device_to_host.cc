@@ -15,7 +15,7 @@
 namespace ferry::plugin {
 namespace {
 
-// What ferry needs to read a buffer itself; nullopt when the plugin should do it.
+// What ferry needs to read a buffer itself.
 struct ReadableBuffer {
   const std::byte* data = nullptr;
   DType dtype = DType::kF32;
@@ -32,12 +32,24 @@ bool IsRowMajorUntiled(const PJRT_Buffer_MemoryLayout& layout, size_t num_dims) 
   return true;
 }
 
+void ReleaseHold(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  auto release = FERRY_PJRT_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount_Args);
+  release.buffer = buffer;
+  TakeError(api, api.PJRT_Buffer_DecreaseExternalReferenceCount(&release)).IgnoreError();
+}
+
+// The buffer's memory when ferry may read it itself, with an external reference held on it (the
+// caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read.
 std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer* buffer) {
   const pjrt::PjrtLibrary& library = plugin.library();
   if (!FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu) ||
       !FERRY_PJRT_HAS(library, PJRT_Buffer_GetMemoryLayout) ||
       !FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer) ||
       !FERRY_PJRT_HAS(library, PJRT_Event_IsReady) || !FERRY_PJRT_HAS(library, PJRT_Event_Error)) {
+    return std::nullopt;
+  }
+  if (!FERRY_PJRT_HAS(library, PJRT_Buffer_IncreaseExternalReferenceCount) ||
+      !FERRY_PJRT_HAS(library, PJRT_Buffer_DecreaseExternalReferenceCount)) {
     return std::nullopt;
   }
   const PJRT_Api& api = plugin.wrapped();
@@ -60,9 +72,17 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
       !IsRowMajorUntiled(layout.layout, dims.num_dims)) {
     return std::nullopt;
   }
+  // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
+  // does for DLPack or numpy), whatever another thread does to the buffer meanwhile.
+  auto hold = FERRY_PJRT_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount_Args);
+  hold.buffer = buffer;
+  if (!TakeError(api, api.PJRT_Buffer_IncreaseExternalReferenceCount(&hold)).ok()) {
+    return std::nullopt;
+  }
   auto pointer = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
   pointer.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&pointer)).ok()) {
+    ReleaseHold(api, buffer);
     return std::nullopt;
   }
   return ReadableBuffer{static_cast<const std::byte*>(pointer.device_memory_ptr), *dtype,
@@ -94,18 +114,11 @@ PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
   return api.PJRT_Buffer_ToHostBuffer(args);
 }
 
-}  // namespace
-
-PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null args"));
-  if (args->src == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null src"));
-  StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
-  if (!plugin.ok()) return MakeError(plugin.status());
-  const PJRT_Api& api = (*plugin)->wrapped();
-  if (args->dst == nullptr || args->host_layout != nullptr) return ByPlugin(api, args);
-  std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
-  if (!source.has_value()) return ByPlugin(api, args);
-  const HostView src = HostView::Dense(source->data, source->dtype, source->dims);
+// ferry's read of `source` (held by an external reference) into args->dst.
+PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
+                     PJRT_Buffer_ToHostBuffer_Args* args) {
+  const PJRT_Api& api = plugin.wrapped();
+  const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (args->dst_size < static_cast<size_t>(size_bytes)) {
     Counters().refused.fetch_add(1, std::memory_order_relaxed);
@@ -116,10 +129,10 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   PJRT_Event* ready = CompleteReadyEvent(api, args->src);
   if (ready == nullptr) return ByPlugin(api, args);
   if (size_bytes > 0) {
-    StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(
-        src, MutableHostView::Dense(args->dst, source->dtype, source->dims));
+    StatusOr<CopyConvertPlan> plan =
+        CopyConvertPlan::Create(src, MutableHostView::Dense(args->dst, source.dtype, source.dims));
     StatusOr<Future<>> copied =
-        plan.ok() ? host::WriteThroughEngine((*plugin)->engine(), *std::move(plan),
+        plan.ok() ? host::WriteThroughEngine(plugin.engine(), *std::move(plan),
                                              HostBufferSemantics::kImmutableOnlyDuringCall, nullptr,
                                              nullptr)
                   : StatusOr<Future<>>(plan.status());
@@ -133,6 +146,22 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   Counters().reads_by_ferry.fetch_add(1, std::memory_order_relaxed);
   args->event = ready;
   return nullptr;
+}
+
+}  // namespace
+
+PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null args"));
+  if (args->src == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null src"));
+  StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
+  if (!plugin.ok()) return MakeError(plugin.status());
+  const PJRT_Api& api = (*plugin)->wrapped();
+  if (args->dst == nullptr || args->host_layout != nullptr) return ByPlugin(api, args);
+  std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
+  if (!source.has_value()) return ByPlugin(api, args);
+  PJRT_Error* error = ReadHeld(**plugin, *source, args);
+  ReleaseHold(api, args->src);
+  return error;
 }
 
 }  // namespace ferry::plugin

@@ -7,8 +7,10 @@
 // ferry reads the buffer itself when the buffer is in host memory (PJRT_Buffer_IsOnCpu), has an
 // element type ferry knows, a row-major untiled layout, no host_layout is asked for, and its ready
 // event is already complete without error: then the copy runs through CopyConvertPlan on the
-// transfer engine's workers during the call, and the returned event is the buffer's (complete)
-// ready event. A buffer still being computed goes to the plugin, which orders the copy after it.
+// transfer engine's workers during the call, under an external reference on the buffer (as DLPack
+// and numpy hold one: the memory stays put and alive whatever another thread does to the buffer),
+// and the returned event is the buffer's (complete) ready event. A buffer still being computed
+// goes to the plugin, which orders the copy after it.
 //
 // Threading: any thread; the caller waits for the engine's workers during the copy.
 #pragma once

@@ -172,7 +172,6 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
     Counters().refused.fetch_add(1, std::memory_order_relaxed);
     return MakeError(status);
   }
-  if (num_elements == 0 && args->data == nullptr) args->data = kEmpty;
 
   const std::optional<DType> dtype = FromPjrtType(args->type);
   const bool has_layout =
@@ -197,7 +196,13 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
     }
   }
   Counters().puts_by_plugin.fetch_add(1, std::memory_order_relaxed);
-  return api.PJRT_Client_BufferFromHostBuffer(args);
+  if (args->data != nullptr) return api.PJRT_Client_BufferFromHostBuffer(args);
+  // An empty array with null data: the plugins dereference it, so they get a valid pointer for
+  // the call; the caller's args are left as they were.
+  args->data = kEmpty;
+  PJRT_Error* error = api.PJRT_Client_BufferFromHostBuffer(args);
+  args->data = nullptr;
+  return error;
 }
 
 }  // namespace ferry::plugin

@@ -1,6 +1,7 @@
 #include "src/plugin/plugin_errors.h"
 
 #include <atomic>
+#include <memory>
 #include <string>
 
 #include "absl/container/flat_hash_set.h"

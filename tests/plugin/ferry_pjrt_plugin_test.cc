@@ -202,6 +202,15 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
     EXPECT_EQ(error.rfind("3: ", 0), 0u) << c.name << " (INVALID_ARGUMENT): " << error;
   }
   EXPECT_GE(Counters()[4], static_cast<int64_t>(cases.size())) << "refused";
+  // Null data is fine for an empty array (the plugins would dereference it: ferry never lets them).
+  const std::vector<int64_t> empty = {0, 4};
+  for (auto semantics : {PJRT_HostBufferSemantics_kImmutableOnlyDuringCall,
+                         PJRT_HostBufferSemantics_kImmutableZeroCopy}) {
+    auto args = client.PutArgs(nullptr, PJRT_Buffer_Type_F32, empty, nullptr);
+    args.host_buffer_semantics = semantics;
+    EXPECT_EQ(client.RoundTrip(args, 0).size(), 0u);
+    EXPECT_EQ(args.data, nullptr);
+  }
   EXPECT_NE(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(nullptr)), "");
 }
 
