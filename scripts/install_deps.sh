@@ -15,6 +15,8 @@ packages=(
   zlib1g-dev
   # OpenCL: the ICD loader, headers and PoCL (OpenCL on the CPU)
   ocl-icd-libopencl1 ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
+  # MPI (MPICH): many processes (src/distributed), mpiexec for the multi-process tests
+  mpich libmpich-dev
 )
 
 missing=()

@@ -24,12 +24,14 @@ os.environ.setdefault(
 
 from . import _ferry  # noqa: E402
 from ._ferry import Device  # noqa: E402
+from . import distributed  # noqa: E402
 
 __all__ = [
     "Array",
     "Device",
     "Error",
     "CancelledError",
+    "DeadlineExceededError",
     "DataLossError",
     "FailedPreconditionError",
     "InternalError",
@@ -48,6 +50,11 @@ __all__ = [
     "device_get",
     "device_put",
     "devices",
+    "distributed",
+    "global_devices",
+    "make_array_from_process_local_data",
+    "process_count",
+    "process_index",
     "from_dlpack",
     "make_array_from_callback",
     "make_array_from_shards",
@@ -57,6 +64,7 @@ __all__ = [
     "open_file",
     "reset_metrics",
     "save_file",
+    "shard_along",
 ]
 
 
@@ -108,9 +116,15 @@ class DataLossError(Error, RuntimeError):
     """Data that was read is not what it should be (a tensor file truncated while mapped)."""
 
 
+class DeadlineExceededError(Error, TimeoutError):
+    """A multi-process collective call waited longer than FERRY_DISTRIBUTED_TIMEOUT_S."""
+
+
 # absl::StatusCode values.
-for _code, _cls in {
+_ERROR_CLASSES = {
     1: CancelledError,
+    2: Error,  # UNKNOWN
+    4: DeadlineExceededError,
     3: InvalidArgumentError,
     5: NotFoundError,
     7: PermissionDeniedError,
@@ -121,8 +135,10 @@ for _code, _cls in {
     13: InternalError,
     14: UnavailableError,
     15: DataLossError,
-}.items():
+}
+for _code, _cls in _ERROR_CLASSES.items():
     _ferry._register_error(_code, _cls)
+_ERROR_CODES = {_cls: _code for _code, _cls in _ERROR_CLASSES.items()}
 
 # dtype names (ferry's canonical ones) <-> numpy dtypes; ml_dtypes gives numpy its bf16 and f8.
 _NUMPY_DTYPES = {
@@ -328,7 +344,8 @@ def _array_dlpack_device(self: Array) -> tuple[int, int]:
 
 
 def _array_local_shards(self: Array) -> list[Shard]:
-    """Every shard (one per mesh device, in mesh order) read back; all reads start before any wait."""
+    """This process's shards (one per mesh device of this process, in mesh order) read back; all
+    reads start before any wait. In one process: every shard."""
     logical = _NUMPY_DTYPES[self._dtype_name]
     shards = []
     for device, ranges, data in self._local_shards():
@@ -343,6 +360,7 @@ def _array_sharding(self: Array) -> Sharding | None:
 
 
 Array.local_shards = _array_local_shards
+Array.addressable_shards = property(_array_local_shards, doc=_array_local_shards.__doc__)
 Array.sharding = property(_array_sharding)
 Array.dtype = property(_array_dtype)
 Array.to_numpy = _array_to_numpy
@@ -354,8 +372,35 @@ Array.__dlpack_device__ = _array_dlpack_device
 
 
 def devices(backend: str | None = None) -> list[Device]:
-    """Every device of `backend` ("host", "opencl"), or of every backend that can start here."""
+    """This process's devices of `backend` ("host", "opencl"), or of every backend that can start
+    here."""
     return _ferry.devices(backend)
+
+
+def global_devices(backend: str = "host") -> list[Device]:
+    """Every process's devices of `backend`, in process order (the position is `Device.id`): this
+    process's own, and the others' as descriptions (`is_addressable` False) that a Mesh may hold.
+    Collective the first time for each backend: every process must call it (after
+    `ferry.distributed.initialize()`). In one process: `devices(backend)`."""
+    return _ferry._global_devices(backend, _ferry.devices(backend))
+
+
+def process_index() -> int:
+    """This process's index in the job (0 in a single process)."""
+    return _ferry.process_index()
+
+
+def process_count() -> int:
+    """The number of processes in the job (1 without MPI or before distributed.initialize())."""
+    return _ferry.process_count()
+
+
+Device.process_index = property(lambda self: _ferry._process_index_of(self),
+                                doc="The index of the process that owns the device.")
+Device.id = property(lambda self: _ferry._global_id_of(self, self.backend),
+                     doc="The global id: the position in global_devices(backend).")
+Device.is_addressable = property(lambda self: _ferry._remote_backend(self) is None,
+                                 doc="False for a device of another process.")
 
 
 def device(name: str) -> Device:
@@ -410,16 +455,20 @@ def make_array_from_shards(
     *,
     device_dtype: Any = None,
     semantics: str = "copy",
+    dtype: Any = None,
 ) -> Array:
     """A sharded Array from one host array per mesh device (in mesh order), each of exactly its
-    shard's shape (see Sharding.shard_indices)."""
+    shard's shape (see Sharding.shard_indices). Entries for other processes' devices are ignored
+    (pass None); `dtype` names the array's dtype where this process holds no shard."""
+    if dtype is not None:
+        dtype = _dtype_name(dtype)
     if semantics not in _SEMANTICS:
         raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
-    prepared = [_prepare(a) for a in arrays]
+    prepared = [(None, None) if a is None else _prepare(a) for a in arrays]
     name = None if device_dtype is None else _dtype_name(device_dtype)
     array = _ferry.make_from_shards(
         [int(n) for n in shape], sharding._sharding, [p[0] for p in prepared],
-        [p[1] for p in prepared], name, semantics)
+        [p[1] for p in prepared], name, semantics, dtype)
     return _with_sharding(array, sharding)
 
 
@@ -430,12 +479,78 @@ def make_array_from_callback(
     *,
     device_dtype: Any = None,
     semantics: str = "copy",
+    dtype: Any = None,
 ) -> Array:
     """A sharded Array whose shards come from `callback(index)` (a tuple of slices), called once
-    per mesh device in mesh order: e.g. to load a checkpoint shard by shard."""
-    shards = [callback(index) for index in sharding.shard_indices(shape)]
+    per mesh device of this process, in mesh order (never for another process's devices): e.g. to
+    load a checkpoint shard by shard."""
+    shards = [
+        callback(index) if device.is_addressable else None
+        for device, index in zip(sharding.mesh.devices, sharding.shard_indices(shape))
+    ]
     return make_array_from_shards(shape, sharding, shards, device_dtype=device_dtype,
-                                  semantics=semantics)
+                                  semantics=semantics, dtype=dtype)
+
+
+def _local_extents(sharding: Sharding, shape: Sequence[int]) -> list[list[tuple[int, int]]]:
+    """Per dim, the sorted distinct (begin, end) ranges that this process's devices hold."""
+    indices = sharding.shard_indices(shape)
+    local = [index for device, index in zip(sharding.mesh.devices, indices) if device.is_addressable]
+    return [sorted({(index[d].start, index[d].stop) for index in local}) for d in range(len(shape))]
+
+
+def make_array_from_process_local_data(
+    sharding: Sharding,
+    local_data: Any,
+    global_shape: Sequence[int] | None = None,
+) -> Array:
+    """A global Array from each process's own part (JAX's meaning): `local_data` holds, along each
+    dim, the data of the distinct shard ranges this process's devices hold, in order (a dim that
+    is not split, or split only within this process, is whole). Every process calls it with its
+    own part. `global_shape` defaults to the local shape scaled by how many distinct ranges each
+    dim has globally versus here (it must divide evenly; pass it for uneven shapes)."""
+    local = np.asarray(local_data)
+    if global_shape is None:
+        probe = [int(np.prod(sharding.mesh.shape))] * local.ndim  # every split divides it evenly
+        all_ranges = [sorted({(i[d].start, i[d].stop) for i in sharding.shard_indices(probe)})
+                      for d in range(local.ndim)]
+        here = _local_extents(sharding, probe)
+        global_shape = []
+        for d, n in enumerate(local.shape):
+            if not here[d]:
+                raise InvalidArgumentError("make_array_from_process_local_data: this process has "
+                                           "no device in the sharding's mesh; pass global_shape")
+            if n % len(here[d]):
+                raise InvalidArgumentError(
+                    f"make_array_from_process_local_data: dim {d} of the local data ({n}) does "
+                    f"not split evenly into this process's {len(here[d])} shard(s); pass "
+                    "global_shape")
+            global_shape.append(n // len(here[d]) * len(all_ranges[d]))
+    global_shape = [int(n) for n in global_shape]
+    if len(global_shape) != local.ndim:
+        raise InvalidArgumentError(f"make_array_from_process_local_data: global_shape has rank "
+                                   f"{len(global_shape)}, the local data {local.ndim}")
+    extents = _local_extents(sharding, global_shape)
+    for d, ranges in enumerate(extents):
+        expected = sum(end - begin for begin, end in ranges)
+        if ranges and local.shape[d] != expected:
+            raise InvalidArgumentError(
+                f"make_array_from_process_local_data: dim {d} of the local data is "
+                f"{local.shape[d]}, but this process's shards of global shape {tuple(global_shape)} "
+                f"cover {expected} along it")
+    offsets = []  # per dim: shard begin -> offset in the local data
+    for ranges in extents:
+        offset, starts = 0, {}
+        for begin, end in ranges:
+            starts[begin] = offset
+            offset += end - begin
+        offsets.append(starts)
+
+    def local_part(index: tuple[slice, ...]) -> np.ndarray:
+        return local[tuple(slice(offsets[d][s.start], offsets[d][s.start] + s.stop - s.start)
+                           for d, s in enumerate(index))]
+
+    return make_array_from_callback(global_shape, sharding, local_part, dtype=local.dtype)
 
 
 def device_get(x: Array | Sequence[Array]) -> np.ndarray | list[np.ndarray]:
@@ -553,6 +668,7 @@ def load_file(
     *,
     device_dtype: Any = None,
     device_dtype_all: bool = False,
+    sharding: Any = None,
 ) -> dict[str, np.ndarray] | dict[str, Array]:
     """Every tensor of a safetensors, .npy or .npz file, by name (see `open_file`).
 
@@ -563,7 +679,17 @@ def load_file(
     applies to the tensors of its kind (a floating-point dtype to floating-point tensors, an
     integer one to integer tensors: `"bfloat16"` leaves integer ids and masks alone), like
     `ferry put --device-dtype`; `device_dtype_all=True` applies it to every tensor.
+
+    `sharding` spreads each tensor over a mesh (which may span processes, see docs/distributed.md):
+    a `Sharding` (for every tensor of its rank; the others are replicated over its mesh), a dict
+    {name: Sharding}, or a rule: a callable (name, shape, dtype) -> Sharding, such as
+    `shard_along(mesh, dim)`. Each process sends only its own devices' shards, straight from the
+    mapped file, so it reads only the bytes they cover (and every replicated tensor). In a job of
+    several processes every process must call it with the same file and shardings; when it fails
+    on one, it raises the same error on every process.
     """
+    if sharding is not None:
+        return _load_file_sharded(path, sharding, device_dtype, device_dtype_all)
     arrays = dict(open_file(path))
     if device is None and device_dtype is None:
         return arrays
@@ -580,6 +706,73 @@ def load_file(
         for name, array in zip(group, device_put([arrays[n] for n in group], device, device_dtype=dtype)):
             placed[name] = array
     return {name: placed[name] for name in names}
+
+
+def shard_along(mesh: Mesh, dim: int = 0, axes: str | Sequence[str] | None = None,
+                min_bytes: int = 0) -> Callable[[str, tuple[int, ...], np.dtype], Sharding]:
+    """A load_file sharding rule: dim `dim` of every tensor split over the mesh axes `axes` (all of
+    them by default, major to minor); tensors of lower rank, or smaller than `min_bytes`,
+    replicated over the mesh."""
+    split = list(mesh.axis_names) if axes is None else ([axes] if isinstance(axes, str) else list(axes))
+
+    def rule(name: str, shape: tuple[int, ...], dtype: np.dtype) -> Sharding:
+        spec: list[Any] = [None] * len(shape)
+        if dim < len(shape) and int(np.prod(shape)) * dtype.itemsize >= min_bytes:
+            spec[dim] = tuple(split)
+        return Sharding(mesh, spec)
+
+    return rule
+
+
+def _sharding_for(rule: Any, name: str, array: np.ndarray) -> Sharding:
+    if isinstance(rule, Sharding):
+        if len(rule.spec) == array.ndim:
+            return rule
+        return Sharding(rule.mesh, [None] * array.ndim)
+    if isinstance(rule, Mapping):
+        if name not in rule:
+            raise InvalidArgumentError(f"load_file: the sharding dict has no entry for tensor '{name}'")
+        return rule[name]
+    if callable(rule):
+        result = rule(name, tuple(array.shape), array.dtype)
+        if not isinstance(result, Sharding):
+            raise InvalidArgumentError(
+                f"load_file: the sharding rule returned {type(result).__name__} for '{name}', not a Sharding")
+        return result
+    raise InvalidArgumentError(
+        f"load_file: sharding must be a Sharding, a dict or a callable, not {type(rule).__name__}")
+
+
+def _describe_plan(shardings: dict[str, Sharding], arrays: dict[str, np.ndarray]) -> str:
+    """What every process must agree on: each tensor, its mesh (global device ids) and spec."""
+    return repr([
+        (name, tuple(arrays[name].shape), str(arrays[name].dtype),
+         [d.id for d in s.mesh.devices], s.mesh.shape, s.mesh.axis_names, s.spec)
+        for name, s in shardings.items()
+    ])
+
+
+def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all: bool) -> dict[str, Array]:
+    requested = None if device_dtype is None else _dtype_name(device_dtype)
+    arrays: dict[str, np.ndarray] = {}
+    shardings: dict[str, Sharding] = {}
+    # Step names are the same on every rank (the agreed error names the failing rank's file).
+    with distributed.agreed("load_file: opening the file"):
+        arrays = dict(open_file(path))
+        shardings = {name: _sharding_for(rule, name, array) for name, array in arrays.items()}
+    if process_count() > 1:
+        _ferry._agree_on_value(_describe_plan(shardings, arrays),
+                               "load_file: the tensors and their shardings")
+    placed: dict[str, Array] = {}
+    with distributed.agreed("load_file: putting the shards"):
+        for name, array in arrays.items():
+            applies = requested is not None and (
+                device_dtype_all
+                or _dtype_kind(_dtype_name(array.dtype.newbyteorder("="))) == _dtype_kind(requested))
+            placed[name] = device_put(array, shardings[name], device_dtype=requested if applies else None)
+        for each in placed.values():
+            each.block_until_ready()
+    return placed
 
 
 def _file_format(path: str, format: str | None) -> str:

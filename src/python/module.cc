@@ -23,10 +23,12 @@
 #include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
 #include "ferry/device/registry.h"
+#include "ferry/distributed/global_devices.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
+#include "src/python/distributed.h"
 #include "src/python/gil.h"
 #include "src/python/numpy_arrays.h"
 #include "src/python/py_source.h"
@@ -211,16 +213,26 @@ class Array {
       throw StatusError{FailedPreconditionError(std::string(kForkedArray))};
     }
   }
-  // The single handle of an unsharded array (the first shard's, for a sharded one).
+  // The single handle of an unsharded array (this process's first shard's, for a sharded one).
   const DataPtr& data() const {
     CheckAlive();
-    return sharded_ ? sharded_->shards().front() : data_;
+    if (!sharded_) return data_;
+    for (const DataPtr& shard : sharded_->shards()) {
+      if (shard != nullptr) return shard;
+    }
+    throw StatusError{FailedPreconditionError(
+        "the array has no shard on this process's devices (its mesh holds only other "
+        "processes' devices here)")};
   }
   const ShardedDataPtr& sharded() const { return sharded_; }
-  // Every Data handle: one, or one per mesh device.
+  // Every Data handle of this process: one, or one per mesh device of this process.
   std::vector<DataPtr> handles() const {
     CheckAlive();
-    return sharded_ ? sharded_->shards() : std::vector<DataPtr>{data_};
+    return sharded_ ? sharded_->addressable_shards() : std::vector<DataPtr>{data_};
+  }
+  bool is_fully_addressable() const {
+    CheckAlive();
+    return !sharded_ || sharded_->is_fully_addressable();
   }
 
   nb::tuple shape() const {
@@ -382,7 +394,9 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
                  const Sharding& sharding, std::optional<std::string> device_dtype,
                  const std::string& semantics) {
   ApiScope api;
-  for (const Device* device : sharding.mesh().devices()) CheckDeviceUsable(device);
+  for (const Device* device : sharding.mesh().devices()) {
+    if (device->is_addressable()) CheckDeviceUsable(device);
+  }
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
   const uint64_t vanished_before = MappedFile::VanishedPageEvents();
@@ -397,18 +411,32 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
   return Array(std::move(sharded));
 }
 
+// `objects` holds None at the positions of other processes' devices; `dtype` names the array's
+// dtype (needed where this process has no shard).
 Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding,
                      const std::vector<nb::object>& objects,
                      const std::vector<std::optional<std::string>>& dtype_overrides,
-                     std::optional<std::string> device_dtype, const std::string& semantics) {
+                     std::optional<std::string> device_dtype, const std::string& semantics,
+                     std::optional<std::string> dtype) {
   ApiScope api;
-  for (const Device* device : sharding.mesh().devices()) CheckDeviceUsable(device);
+  for (const Device* device : sharding.mesh().devices()) {
+    if (device->is_addressable()) CheckDeviceUsable(device);
+  }
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
-  auto sources = SourcesFromPython(objects, dtype_overrides, "shard");
+  std::vector<std::shared_ptr<const TensorSource>> sources(objects.size());
+  for (size_t i = 0; i < objects.size(); ++i) {
+    if (objects[i].is_none()) continue;  // another process's shard
+    std::optional<std::string> override_dtype =
+        i < dtype_overrides.size() ? dtype_overrides[i] : std::nullopt;
+    sources[i] = std::move(
+        SourcesFromPython({objects[i]}, {override_dtype}, fmt::format("shard {}", i)).front());
+  }
+  std::optional<DType> logical;
+  if (dtype.has_value()) logical = ParseDType(*dtype);
   StatusOr<ShardedDataPtr> data;
   {
     ScopedGilRelease unlocked;
-    data = MakeArrayFromShards(shape, sharding, sources, options);
+    data = MakeArrayFromShards(shape, sharding, sources, options, logical);
     sources.clear();
   }
   return Array(ValueOrThrow(std::move(data)));
@@ -479,7 +507,10 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
   {
     std::vector<DataPtr> all = data;
     for (const ShardedDataPtr& each : sharded) {
-      if (each) all.insert(all.end(), each->shards().begin(), each->shards().end());
+      if (each) {
+        const std::vector<DataPtr> local = each->addressable_shards();
+        all.insert(all.end(), local.begin(), local.end());
+      }
     }
     WaitForAll(all);
   }
@@ -549,7 +580,14 @@ NB_MODULE(_ferry, m) {
 
   nb::class_<Device>(m, "Device")
       .def_prop_ro("name", [](const Device& d) { return d.name(); })
-      .def_prop_ro("backend", [](const Device& d) { return std::string(d.client()->backend()); })
+      .def_prop_ro(
+          "backend",
+          [](const Device& d) {
+            if (!d.is_addressable()) {  // another process's: it keeps its own backend
+              return std::string(static_cast<const distributed::RemoteDevice&>(d).backend());
+            }
+            return std::string(d.client()->backend());
+          })
       .def_prop_ro("index", &Device::index)
       .def_prop_ro("description", &Device::description,
                    "What the device is, in one line (a PJRT device: its plugin, API version, "
@@ -582,13 +620,16 @@ NB_MODULE(_ferry, m) {
            nb::arg("copy").none())
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference)
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
+      .def_prop_ro("is_fully_addressable", &Array::is_fully_addressable)
       .def("_local_shards", &LocalShardsOf);
 
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
            [](Mesh* self, std::vector<Device*> devices, std::vector<int64_t> shape,
               std::vector<std::string> axis_names) {
-             for (const Device* device : devices) CheckDeviceUsable(device);
+             for (const Device* device : devices) {
+               if (device != nullptr && device->is_addressable()) CheckDeviceUsable(device);
+             }
              new (self) Mesh(ValueOrThrow(
                  Mesh::Create(std::move(devices), std::move(shape), std::move(axis_names))));
            })
@@ -614,7 +655,7 @@ NB_MODULE(_ferry, m) {
         nb::arg("sharding"), nb::arg("device_dtype").none(), nb::arg("semantics"));
   m.def("make_from_shards", &MakeFromShards, nb::arg("shape"), nb::arg("sharding"),
         nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device_dtype").none(),
-        nb::arg("semantics"));
+        nb::arg("semantics"), nb::arg("dtype").none() = nb::none());
   m.def("array_sharding", [](const Array& a) -> std::optional<Sharding> {
     a.CheckAlive();
     if (!a.sharded()) return std::nullopt;
@@ -638,6 +679,7 @@ NB_MODULE(_ferry, m) {
   m.def("_drain_release_queue", &DrainReleaseQueue);
 
   AddTensorFileFunctions(m);
+  AddDistributedFunctions(m);
 }
 
 }  // namespace ferry::python

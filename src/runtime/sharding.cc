@@ -159,13 +159,20 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
   // Every shard is started before any is waited for: the devices fill in parallel.
   const std::optional<DType> device_dtype =
       options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[0];
+  // Only this process's devices get a transfer; another process's entries stay null.
   std::vector<internal::DeviceTransfer> transfers;
+  std::vector<size_t> positions;
   transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
-    transfers.push_back({sources[i], sharding.mesh().devices()[i], device_dtype});
+    Device* device = sharding.mesh().devices()[i];
+    if (!device->is_addressable()) continue;
+    transfers.push_back({sources[i], device, device_dtype});
+    positions.push_back(i);
   }
-  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> shards,
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> started,
                          internal::StartTransfers(transfers, options.semantics));
+  std::vector<DataPtr> shards(sources.size());
+  for (size_t k = 0; k < positions.size(); ++k) shards[positions[k]] = std::move(started[k]);
   return std::make_shared<ShardedData>(sharding, Dims(global_dims.begin(), global_dims.end()),
                                        logical_dtype, std::move(indices), std::move(shards));
 }
@@ -185,16 +192,16 @@ StatusOr<ShardedDataPtr> TransferShardsToDevice(std::shared_ptr<const TensorSour
   FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(view.dims));
   FERRY_ASSIGN_OR_RETURN(AddressedBytes addressed, view.ComputeAddressedBytes(source->name()));
   const auto* region = static_cast<const std::byte*>(view.data) + addressed.begin;
-  std::vector<std::shared_ptr<const TensorSource>> shard_sources;
-  shard_sources.reserve(indices.size());
+  std::vector<std::shared_ptr<const TensorSource>> shard_sources(indices.size());
   for (size_t i = 0; i < indices.size(); ++i) {
+    if (!sharding.mesh().devices()[i]->is_addressable()) continue;  // another process's shard
     // Each shard borrows the source's memory and keeps the source itself alive: the source goes
     // when the last shard's transfer drops its reference.
     FERRY_ASSIGN_OR_RETURN(
         auto shard_source,
         TensorSource::Borrow(SubView(view, indices[i]), region, addressed.end - addressed.begin,
                              source, fmt::format("{}[shard {}]", source->name(), i)));
-    shard_sources.push_back(std::move(shard_source));
+    shard_sources[i] = std::move(shard_source);
   }
   const DType dtype = view.dtype;
   source.reset();
@@ -205,13 +212,21 @@ StatusOr<ShardedDataPtr> MakeArrayFromShards(
     absl::Span<const int64_t> global_dims, const Sharding& sharding,
     absl::Span<const std::shared_ptr<const TensorSource>> per_device_sources,
     const TransferToDeviceOptions& options) {
+  return MakeArrayFromShards(global_dims, sharding, per_device_sources, options, std::nullopt);
+}
+
+StatusOr<ShardedDataPtr> MakeArrayFromShards(
+    absl::Span<const int64_t> global_dims, const Sharding& sharding,
+    absl::Span<const std::shared_ptr<const TensorSource>> per_device_sources,
+    const TransferToDeviceOptions& options, std::optional<DType> logical_dtype) {
   FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(global_dims));
   if (per_device_sources.size() != indices.size()) {
     return InvalidArgumentError(fmt::format("the mesh has {} devices but {} shards were given",
                                             indices.size(), per_device_sources.size()));
   }
-  std::optional<DType> dtype;
+  std::optional<DType> dtype = logical_dtype;
   for (size_t i = 0; i < indices.size(); ++i) {
+    if (!sharding.mesh().devices()[i]->is_addressable()) continue;  // another process's shard
     const std::shared_ptr<const TensorSource>& shard = per_device_sources[i];
     if (shard == nullptr) return InvalidArgumentError(fmt::format("shard {} is null", i));
     Dims expected;
@@ -222,7 +237,7 @@ StatusOr<ShardedDataPtr> MakeArrayFromShards(
                       fmt::join(shard->view().dims, ", "), fmt::join(expected, ", ")));
     }
     if (dtype.has_value() && shard->view().dtype != *dtype) {
-      return InvalidArgumentError(fmt::format("shard {} is {} but shard 0 is {}", i,
+      return InvalidArgumentError(fmt::format("shard {} is {} but the array is {}", i,
                                               DTypeName(shard->view().dtype), DTypeName(*dtype)));
     }
     dtype = shard->view().dtype;
@@ -236,27 +251,63 @@ StatusOr<ShardedDataPtr> MakeArrayFromCallback(absl::Span<const int64_t> global_
                                                const ShardSourceCallback& shard_source,
                                                const TransferToDeviceOptions& options) {
   FERRY_ASSIGN_OR_RETURN(std::vector<ShardIndex> indices, sharding.ShardIndices(global_dims));
-  std::vector<std::shared_ptr<const TensorSource>> sources;
-  sources.reserve(indices.size());
-  for (const ShardIndex& index : indices) {
-    FERRY_ASSIGN_OR_RETURN(auto source, shard_source(index));
-    sources.push_back(std::move(source));
+  std::vector<std::shared_ptr<const TensorSource>> sources(indices.size());
+  for (size_t i = 0; i < indices.size(); ++i) {
+    if (!sharding.mesh().devices()[i]->is_addressable()) continue;  // another process's shard
+    FERRY_ASSIGN_OR_RETURN(sources[i], shard_source(indices[i]));
   }
   return MakeArrayFromShards(global_dims, sharding, sources, options);
 }
 
+std::vector<DataPtr> ShardedData::addressable_shards() const {
+  std::vector<DataPtr> local;
+  for (const DataPtr& shard : shards_) {
+    if (shard != nullptr) local.push_back(shard);
+  }
+  return local;
+}
+
+bool ShardedData::is_fully_addressable() const {
+  return std::all_of(shards_.begin(), shards_.end(),
+                     [](const DataPtr& shard) { return shard != nullptr; });
+}
+
 StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
-  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> tensors, TransferFromDevice(data.shards()));
+  std::vector<size_t> positions;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] != nullptr) positions.push_back(i);
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> tensors,
+                         TransferFromDevice(data.addressable_shards()));
   std::vector<LocalShard> shards;
   shards.reserve(tensors.size());
-  for (size_t i = 0; i < tensors.size(); ++i) {
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const size_t i = positions[k];
     shards.push_back(
-        LocalShard{data.shards()[i]->device(), data.indices()[i], std::move(tensors[i])});
+        LocalShard{data.shards()[i]->device(), data.indices()[i], std::move(tensors[k])});
   }
   return shards;
 }
 
 StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
+  // Every part of the tensor must have a replica here before any memory is allocated.
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] != nullptr) continue;
+    const ShardIndex& index = data.indices()[i];
+    bool held_here = false;
+    for (size_t j = 0; j < data.shards().size() && !held_here; ++j) {
+      held_here = data.shards()[j] != nullptr && data.indices()[j] == index;
+    }
+    if (!held_here) {
+      std::vector<std::string> ranges;
+      for (const DimRange& range : index)
+        ranges.push_back(fmt::format("{}:{}", range.begin, range.end));
+      return FailedPreconditionError(fmt::format(
+          "shard {} [{}] lives only on device {} of another process: this process can read "
+          "only its own shards (addressable shards)",
+          i, fmt::join(ranges, ", "), data.sharding().mesh().devices()[i]->name()));
+    }
+  }
   ScopedTimer timer(metrics::TransferFromDeviceTime());
   // Owns `whole`: every read writes into it, and none may outlive it, whatever path returns.
   internal::PendingReads pending;
@@ -266,6 +317,7 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
   std::vector<size_t> read_shards;
   std::vector<ShardIndex> done;
   for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
     const ShardIndex& index = data.indices()[i];
     if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
     done.push_back(index);

@@ -24,6 +24,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
+#include "tools/ferry/put_distributed.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
@@ -39,6 +40,7 @@ struct PutOptions {
   std::string semantics = "async";
   bool verify = false;
   std::string json_path;
+  bool drop_page_cache = false;  // --mesh all: see DistributedPutOptions
 };
 
 // One tensor of one file, and where it went.
@@ -423,6 +425,21 @@ nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTenso
 
 int RunPut(const PutOptions& options) {
   constexpr std::string_view kCommand = "put";
+  // --mesh all[:BACKEND]: every device of every process of the job, under mpiexec or not.
+  if (const std::string mesh_text = options.mesh.value_or("");
+      mesh_text == "all" || mesh_text.rfind("all:", 0) == 0) {
+    DistributedPutOptions job;
+    job.files = options.files;
+    if (mesh_text.size() > 4) job.backend = mesh_text.substr(4);
+    job.shard_dim = options.shard_dim;
+    job.device_dtype = options.device_dtype;
+    job.device_dtype_all = options.device_dtype_all;
+    job.semantics = options.semantics;
+    job.verify = options.verify;
+    job.json_path = options.json_path;
+    job.drop_page_cache = options.drop_page_cache;
+    return RunPutOverAllDevices(job);
+  }
   auto semantics = ParseSemantics(options.semantics);
   if (!semantics.ok()) return ReportError(kCommand, semantics.status());
   std::optional<DType> requested;
@@ -491,7 +508,9 @@ CommandRunner AddPutCommand(CLI::App& app) {
       command->add_option("--device", options->device, "Target device")->capture_default_str();
   auto* mesh =
       command->add_option("--mesh", options->mesh,
-                          "Comma-separated devices to shard over (a 1-d mesh), e.g. host:0,host:1");
+                          "Comma-separated devices to shard over (a 1-d mesh), e.g. host:0,host:1; "
+                          "or all (all:BACKEND): every device of every process, in process "
+                          "order, under mpiexec (docs/distributed.md)");
   device->excludes(mesh);
   command
       ->add_option("--shard-dim", options->shard_dim,
@@ -514,6 +533,9 @@ CommandRunner AddPutCommand(CLI::App& app) {
   command->add_option("--json", options->json_path,
                       "Also write the results as JSON to this file (-: to stdout, the table then "
                       "to stderr)");
+  command->add_flag("--drop-page-cache", options->drop_page_cache,
+                    "With --mesh all: drop the files from the page cache first (posix_fadvise), "
+                    "so that the bytes read and made resident are measured from a cold cache");
   return [options] { return RunPut(*options); };
 }
 

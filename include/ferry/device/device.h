@@ -77,6 +77,9 @@ class Device {
   // What the device is, in one line for people ("cpu (PJRT plugin xla_cpu_pjrt.so, API 0.81)");
   // empty where the name says it all.
   virtual std::string description() const { return std::string(); }
+  // False for a device of another process of a multi-process job (distributed::RemoteDevice):
+  // it has no client here (client() is null) and nothing can be sent to it or read from it.
+  virtual bool is_addressable() const { return true; }
 };
 
 }  // namespace ferry

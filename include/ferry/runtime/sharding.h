@@ -77,7 +77,9 @@ class Sharding {
 HostView SubView(const HostView& view, const ShardIndex& index);
 MutableHostView SubView(const MutableHostView& view, const ShardIndex& index);
 
-// A tensor spread over a mesh: one Data handle per mesh device (row-major mesh order).
+// A tensor spread over a mesh: one Data handle per mesh device (row-major mesh order). In a
+// multi-process job the mesh may hold other processes' devices (Device::is_addressable() false):
+// their entries in shards() are null; this process holds only its own shards.
 class ShardedData {
  public:
   ShardedData(Sharding sharding, Dims global_dims, DType logical_dtype,
@@ -92,7 +94,12 @@ class ShardedData {
   const Dims& global_dims() const { return global_dims_; }
   DType logical_dtype() const { return logical_dtype_; }
   const std::vector<ShardIndex>& indices() const { return indices_; }
+  // One per mesh device; null for a device of another process.
   const std::vector<DataPtr>& shards() const { return shards_; }
+  // The non-null shards (this process's), in mesh order.
+  std::vector<DataPtr> addressable_shards() const;
+  // True when every mesh device belongs to this process.
+  bool is_fully_addressable() const;
 
  private:
   Sharding sharding_;
@@ -103,7 +110,8 @@ class ShardedData {
 };
 using ShardedDataPtr = std::shared_ptr<ShardedData>;
 
-// Sends each mesh device its shard of `source`, from a strided sub-view (no host copy). Each
+// Sends each mesh device of this process its shard of `source`, from a strided sub-view (no host
+// copy; the bytes of other processes' shards are never read). Each
 // shard's transfer holds the source; it is released once, after the last shard has read it.
 // `options.device_dtypes` may hold one entry (applied to every shard) or none.
 StatusOr<ShardedDataPtr> TransferShardsToDevice(std::shared_ptr<const TensorSource> source,
@@ -111,14 +119,21 @@ StatusOr<ShardedDataPtr> TransferShardsToDevice(std::shared_ptr<const TensorSour
                                                 const TransferToDeviceOptions& options = {});
 
 // Builds a sharded tensor from per-device sources (one per mesh device, row-major mesh order),
-// each of exactly its shard's dims and of one common dtype.
+// each of exactly its shard's dims and of one common dtype. The entries of other processes'
+// devices are ignored and may be null. `logical_dtype`, when given, is the array's dtype (needed
+// when this process has no shard at all; otherwise the sources must match it).
+StatusOr<ShardedDataPtr> MakeArrayFromShards(
+    absl::Span<const int64_t> global_dims, const Sharding& sharding,
+    absl::Span<const std::shared_ptr<const TensorSource>> per_device_sources,
+    const TransferToDeviceOptions& options, std::optional<DType> logical_dtype);
 StatusOr<ShardedDataPtr> MakeArrayFromShards(
     absl::Span<const int64_t> global_dims, const Sharding& sharding,
     absl::Span<const std::shared_ptr<const TensorSource>> per_device_sources,
     const TransferToDeviceOptions& options = {});
 
 // As above, asking `shard_source(index)` for the data of each mesh device's shard (in mesh order;
-// called once per device, replicas included), e.g. to load a checkpoint shard by shard.
+// called once per device of this process, replicas included; never for another process's
+// devices), e.g. to load a checkpoint shard by shard.
 using ShardSourceCallback =
     std::function<StatusOr<std::shared_ptr<const TensorSource>>(const ShardIndex& index)>;
 StatusOr<ShardedDataPtr> MakeArrayFromCallback(absl::Span<const int64_t> global_dims,
@@ -132,11 +147,12 @@ struct LocalShard {
   HostTensor data;  // in the logical dtype
 };
 
-// Every shard read back (every read started before any wait), in mesh order.
+// Every shard of this process read back (every read started before any wait), in mesh order.
 StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data);
 
 // The whole tensor, each distinct shard read straight into its place in one host tensor (replicas
-// are read once; no intermediate copies).
+// are read once; no intermediate copies). FailedPrecondition when a part of the tensor lies only
+// on other processes' devices (read this process's part with LocalShards).
 StatusOr<HostTensor> AssembleShards(const ShardedData& data);
 
 }  // namespace ferry

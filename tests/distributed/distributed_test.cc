@@ -1,0 +1,289 @@
+// The process group, global devices and sharding across processes. ctest runs this executable
+// alone (one process) and under `mpiexec -n 2` and `-n 4` (tests/CMakeLists.txt): every rank runs
+// every test, and each test's collective calls are the same on every rank.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/device/registry.h"
+#include "ferry/distributed/global_devices.h"
+#include "ferry/distributed/process_group.h"
+#include "ferry/io/tensor_file.h"
+#include "ferry/io/tensor_writer.h"
+#include "ferry/runtime/sharding.h"
+#include "fmt/format.h"
+
+namespace ferry {
+namespace {
+
+using distributed::CurrentProcessGroup;
+using distributed::GlobalDevices;
+using distributed::ProcessGroup;
+
+constexpr int kLocalDevices = 2;
+
+ProcessGroup& Group() { return CurrentProcessGroup(); }
+
+// One host client per process for the whole run (devices must outlive the global tables).
+Client& HostClient() {
+  static Client* client = [] {
+    ClientOptions options;
+    options.num_devices = kLocalDevices;
+    return CreateClient("host", options).value().release();
+  }();
+  return *client;
+}
+
+std::shared_ptr<const GlobalDevices> Global() {
+  static std::shared_ptr<const GlobalDevices> global = [] {
+    return GlobalDevices::Gather(Group(), "host", HostClient().devices()).value();
+  }();
+  return global;
+}
+
+// The same random bytes on every rank (seeded by `seed` alone); bool as 0/1.
+HostTensor RandomTensor(DType dtype, const Dims& dims, uint32_t seed) {
+  HostTensor tensor = HostTensor::Allocate(dtype, dims).value();
+  std::mt19937 random(seed);
+  auto* bytes = reinterpret_cast<unsigned char*>(tensor.data());
+  for (int64_t i = 0; i < tensor.size_bytes(); ++i) {
+    bytes[i] = dtype == DType::kBool ? random() % 2 : static_cast<unsigned char>(random());
+  }
+  return tensor;
+}
+
+// What `view` holds at `index`, dense.
+HostTensor Slice(const HostView& view, const ShardIndex& index) {
+  HostView part = SubView(view, index);
+  HostTensor dense = HostTensor::Allocate(view.dtype, part.dims).value();
+  EXPECT_TRUE(CopyConvert(part, dense.mutable_view()).ok());
+  return dense;
+}
+
+bool SameBytes(const HostTensor& a, const HostTensor& b) {
+  return a.dtype() == b.dtype() && a.dims() == b.dims() &&
+         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size_bytes())) == 0;
+}
+
+// Checks every local shard of `data` against slicing `expected`; returns how many it checked.
+int CheckLocalShards(const ShardedData& data, const HostView& expected) {
+  auto shards = LocalShards(data);
+  EXPECT_TRUE(shards.ok()) << shards.status();
+  if (!shards.ok()) return 0;
+  for (const LocalShard& shard : *shards) {
+    EXPECT_TRUE(shard.device->is_addressable());
+    EXPECT_TRUE(SameBytes(shard.data, Slice(expected, shard.index)))
+        << "shard on " << shard.device->name();
+  }
+  return static_cast<int>(shards->size());
+}
+
+TEST(ProcessGroup, RankAndSizeMatchTheLauncher) {
+  const char* size = std::getenv("PMI_SIZE");
+  EXPECT_EQ(Group().size(), size == nullptr ? 1 : std::atoi(size));
+  EXPECT_GE(Group().rank(), 0);
+  EXPECT_LT(Group().rank(), Group().size());
+  EXPECT_EQ(Group().engine(), size == nullptr ? "single" : "mpi");
+}
+
+TEST(ProcessGroup, AllGatherReturnsEveryRanksBytesInRankOrder) {
+  // Sizes differ by rank (including empty) to exercise the variable-length gather.
+  const std::string mine(static_cast<size_t>(Group().rank() * 3),
+                         static_cast<char>('a' + Group().rank()));
+  auto all = Group().AllGather(mine, "test gather");
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), static_cast<size_t>(Group().size()));
+  for (int rank = 0; rank < Group().size(); ++rank) {
+    EXPECT_EQ((*all)[rank],
+              std::string(static_cast<size_t>(rank * 3), static_cast<char>('a' + rank)));
+  }
+  EXPECT_TRUE(Group().Barrier("test barrier").ok());
+}
+
+TEST(ProcessGroup, EveryRankGetsTheSameErrorNamingTheFailingRank) {
+  const int last = Group().size() - 1;
+  const Status local =
+      Group().rank() == last ? absl::NotFoundError("no such file 'x'") : OkStatus();
+  const Status agreed = distributed::AgreeOnStatus(Group(), local, "opening x");
+  EXPECT_EQ(agreed.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      std::string(agreed.message()),
+      fmt::format("rank {} of {} failed during opening x: no such file 'x'", last, Group().size()));
+  EXPECT_TRUE(distributed::AgreeOnStatus(Group(), OkStatus(), "nothing").ok());
+}
+
+TEST(ProcessGroup, AValueThatDiffersBetweenRanksIsAnErrorOnEveryRank) {
+  EXPECT_TRUE(distributed::AgreeOnValue(Group(), "mesh 4x2", "the mesh").ok());
+  const Status differs =
+      distributed::AgreeOnValue(Group(), Group().rank() == 0 ? "mesh 4x2" : "mesh 2x4", "the mesh");
+  if (Group().size() == 1) {
+    EXPECT_TRUE(differs.ok());
+  } else {
+    EXPECT_EQ(differs.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(differs.message())
+                  .find("the mesh differs between ranks: rank 0 has "
+                        "'mesh 4x2', rank 1 has 'mesh 2x4'"),
+              std::string::npos)
+        << differs;
+  }
+}
+
+TEST(ProcessGroup, AllReduceSumAddsEveryRanksValues) {
+  auto sums = distributed::AllReduceSum(
+      Group(), {static_cast<uint64_t>(Group().rank() + 1), ~uint64_t{0}}, "sum");
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  const uint64_t n = static_cast<uint64_t>(Group().size());
+  EXPECT_EQ((*sums)[0], n * (n + 1) / 2);
+  EXPECT_EQ((*sums)[1], ~uint64_t{0} * n);  // wraps
+}
+
+TEST(GlobalDevices, ListEveryProcessesDevicesInProcessOrder) {
+  auto global = Global();
+  ASSERT_EQ(global->devices().size(), static_cast<size_t>(kLocalDevices * Group().size()));
+  for (size_t id = 0; id < global->devices().size(); ++id) {
+    Device* device = global->devices()[id];
+    const int process = static_cast<int>(id) / kLocalDevices;
+    EXPECT_EQ(global->ProcessIndexOf(device), process);
+    EXPECT_EQ(global->GlobalIdOf(device), static_cast<int64_t>(id));
+    EXPECT_EQ(device->index(), static_cast<int>(id) % kLocalDevices);
+    EXPECT_EQ(device->is_addressable(), process == Group().rank());
+    if (process == Group().rank()) {
+      EXPECT_EQ(device, HostClient().devices()[id % kLocalDevices]);
+    } else {
+      EXPECT_EQ(device->client(), nullptr);
+      EXPECT_TRUE(device->capabilities().Holds(DType::kF64));
+    }
+  }
+  const auto local = HostClient().devices();
+  EXPECT_EQ(global->local_devices(), std::vector<Device*>(local.begin(), local.end()));
+}
+
+// Every dtype, uneven shapes, a 1-d mesh over every device of every process: each process holds
+// exactly its devices' shards, bit for bit.
+TEST(ShardingAcrossProcesses, EveryDtypeUnevenShapesMatchSlicing) {
+  auto global = Global();
+  auto mesh =
+      Mesh::Create(global->devices(), {static_cast<int64_t>(global->devices().size())}, {"all"})
+          .value();
+  auto sharding = Sharding::Create(mesh, {{"all"}, {}}).value();
+  int checked = 0;
+  for (DType dtype : DeviceCapabilities::All().HeldDTypes()) {
+    HostTensor tensor = RandomTensor(dtype, {2 * mesh.size() + 3, 5}, static_cast<uint32_t>(dtype));
+    const HostView view = tensor.view();
+    auto source = TensorSource::FromHostTensor(std::move(tensor), "random");
+    auto data = TransferShardsToDevice(source, sharding);
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ((*data)->is_fully_addressable(), Group().size() == 1);
+    checked += CheckLocalShards(**data, view);
+    for (size_t i = 0; i < (*data)->shards().size(); ++i) {
+      EXPECT_EQ((*data)->shards()[i] != nullptr, mesh.devices()[i]->is_addressable());
+    }
+    if (Group().size() > 1) {
+      auto whole = AssembleShards(**data);
+      EXPECT_EQ(whole.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_NE(std::string(whole.status().message()).find("another process"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(checked,
+            static_cast<int>(DeviceCapabilities::All().HeldDTypes().size()) * kLocalDevices);
+}
+
+// A 2-d mesh (process x local device), a strided (transposed) source, and replication: a tensor
+// replicated over the mesh is whole on every process, so AssembleShards works everywhere.
+TEST(ShardingAcrossProcesses, MultiAxisMeshStridedSourceAndReplication) {
+  auto global = Global();
+  auto mesh =
+      Mesh::Create(global->devices(), {Group().size(), kLocalDevices}, {"proc", "local"}).value();
+  HostTensor tensor = RandomTensor(DType::kF32, {11, 7, 3}, 99);
+  HostView transposed = tensor.view();
+  std::swap(transposed.dims[0], transposed.dims[2]);
+  std::swap(transposed.byte_strides[0], transposed.byte_strides[2]);
+  auto source =
+      TensorSource::Borrow(transposed, tensor.data(), tensor.size_bytes(), nullptr, "transposed")
+          .value();
+  auto split = Sharding::Create(mesh, {{"local"}, {"proc"}, {}}).value();
+  auto data = TransferShardsToDevice(source, split);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(CheckLocalShards(**data, transposed), kLocalDevices);
+
+  auto replicated = Sharding::Create(mesh, {{}, {}, {}}).value();
+  auto copies = TransferShardsToDevice(source, replicated);
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  auto whole = AssembleShards(**copies);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  HostTensor expected = Slice(transposed, {{0, 3}, {0, 7}, {0, 11}});
+  EXPECT_TRUE(SameBytes(*whole, expected));
+}
+
+TEST(ShardingAcrossProcesses, MakeArrayFromCallbackAsksOnlyForLocalShards) {
+  auto global = Global();
+  auto mesh =
+      Mesh::Create(global->devices(), {static_cast<int64_t>(global->devices().size())}, {"all"})
+          .value();
+  auto sharding = Sharding::Create(mesh, {{"all"}}).value();
+  HostTensor tensor = RandomTensor(DType::kS64, {3 * mesh.size()}, 5);
+  const HostView view = tensor.view();
+  int calls = 0;
+  auto data = MakeArrayFromCallback(
+      {3 * mesh.size()}, sharding,
+      [&](const ShardIndex& index) -> StatusOr<std::shared_ptr<const TensorSource>> {
+        ++calls;
+        return TensorSource::FromHostTensor(Slice(view, index));
+      });
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(calls, kLocalDevices);
+  EXPECT_EQ(CheckLocalShards(**data, view), kLocalDevices);
+}
+
+// A checkpoint written by rank 0 and mapped by every rank: each sends only its shards, straight
+// from the mapping.
+TEST(ShardingAcrossProcesses, ShardedCheckpointFromAMappedFile) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("ferry_distributed_test_{}.safetensors",
+                                        std::getenv("PMI_SIZE") ? std::getenv("PMI_SIZE") : "1"))
+                               .string();
+  HostTensor a = RandomTensor(DType::kBF16, {17, 4}, 1);
+  HostTensor b = RandomTensor(DType::kU8, {5}, 2);
+  Status written =
+      Group().rank() == 0 ? WriteSafetensors(path, {{"a", a.view()}, {"b", b.view()}}) : OkStatus();
+  ASSERT_TRUE(distributed::AgreeOnStatus(Group(), written, "writing").ok());
+  auto file = TensorFile::Open(path);
+  ASSERT_TRUE(distributed::AgreeOnStatus(Group(), file.status(), "opening").ok());
+  auto global = Global();
+  auto mesh =
+      Mesh::Create(global->devices(), {static_cast<int64_t>(global->devices().size())}, {"all"})
+          .value();
+  auto split = Sharding::Create(mesh, {{"all"}, {}}).value();
+  auto data = TransferShardsToDevice(file->Find("a")->source, split);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(CheckLocalShards(**data, a.view()), kLocalDevices);
+  auto replicated =
+      TransferShardsToDevice(file->Find("b")->source, Sharding::Create(mesh, {{}}).value());
+  ASSERT_TRUE(replicated.ok()) << replicated.status();
+  auto whole = AssembleShards(**replicated);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(SameBytes(*whole, Slice(b.view(), {{0, 5}})));
+  ASSERT_TRUE(Group().Barrier("done reading").ok());
+  if (Group().rank() == 0) std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  auto group = ferry::distributed::Initialize();
+  if (!group.ok()) {
+    fmt::print(stderr, "distributed_test: {}\n", group.status().ToString());
+    return 1;
+  }
+  // Every rank prints its results (interleaved) and exits non-zero on a failure; mpiexec passes
+  // the worst exit code on.
+  const int result = RUN_ALL_TESTS();
+  ferry::distributed::Finalize();
+  return result;
+}

@@ -1,0 +1,181 @@
+"""One process of a multi-process test job: tests/python/test_distributed.py starts it with
+`mpiexec -n N python distributed_worker.py CASE DIR`. Every process checks what it holds against
+numpy slicing of the same data, prints "rank R ok: ..." on success and exits non-zero otherwise."""
+
+import os
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("FERRY_HOST_DEVICES", "2")
+import ferry  # noqa: E402
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+          "float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+
+
+def random_array(rng, shape, dtype_name):
+    dtype = ferry._NUMPY_DTYPES[dtype_name]
+    if dtype_name == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    raw = rng.integers(0, 256, size=int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def write_checkpoint(path):
+    """The same tensors on every rank (seeded): every dtype, uneven shapes, a scalar, an empty one."""
+    rng = np.random.default_rng(1234)
+    tensors = {}
+    for i, name in enumerate(DTYPES):
+        if name != "complex128":  # safetensors has no complex128 (checked in case_load, put)
+            tensors[f"w_{name}"] = random_array(rng, (13 + i, 5), name)
+    tensors["uneven"] = random_array(rng, (7, 3, 11), "float32")
+    tensors["scalar"] = np.array(3.5, dtype=np.float32)
+    tensors["empty"] = np.zeros((0, 4), dtype=np.float32)
+    tensors["vector"] = random_array(rng, (9,), "int32")
+    if ferry.process_index() == 0:
+        ferry.save_file(tensors, path)
+    ferry._ferry._barrier("the checkpoint is written")
+    return tensors
+
+
+def check_shards(name, array, expected):
+    shards = array.addressable_shards
+    for shard in shards:
+        if not shard.device.is_addressable or shard.device.process_index != ferry.process_index():
+            raise AssertionError(f"{name}: shard on {shard.device} is not this process's")
+        want = expected[shard.index]
+        if not same_bits(shard.data, np.array(want)):  # (ascontiguousarray makes 0-d 1-d)
+            raise AssertionError(f"{name}: shard {shard.index} differs from numpy slicing")
+    return len(shards)
+
+
+def case_load(directory):
+    me, count = ferry.process_index(), ferry.process_count()
+    path = os.path.join(directory, "checkpoint.safetensors")
+    tensors = write_checkpoint(path)
+    devices = ferry.global_devices()
+    assert len(devices) == 2 * count, devices
+    assert [d.id for d in devices] == list(range(2 * count))
+    assert [d.process_index for d in devices] == [i // 2 for i in range(2 * count)]
+    assert sum(d.is_addressable for d in devices) == 2
+    assert all(d.backend == "host" for d in devices)
+    assert len(ferry.devices("host")) == 2  # devices() stays local
+
+    # 1-d mesh over every device, dim 0 split (uneven), lower ranks replicated.
+    mesh = ferry.Mesh(devices, [len(devices)], ["all"])
+    loaded = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=0))
+    checked = 0
+    for name, expected in tensors.items():
+        array = loaded[name]
+        replicated = expected.ndim == 0
+        assert array.is_fully_addressable == (count == 1), name  # JAX: every device is ours
+        checked += check_shards(name, array, expected)
+        if replicated or expected.size == 0:  # (an empty tensor's shards are all alike)
+            assert same_bits(ferry.device_get(array), expected), name
+        elif count > 1:
+            try:
+                ferry.device_get(array)
+            except ferry.FailedPreconditionError as error:
+                assert "another process" in str(error), error
+            else:
+                raise AssertionError(f"{name}: reading a non-addressable shard did not raise")
+
+    # 2-d mesh (processes x local devices), both dims of a 3-d tensor split, dim 2 replicated;
+    # and a strided (transposed) source put with the same sharding.
+    mesh2 = ferry.Mesh(devices, [count, 2], ["proc", "local"])
+    sharding = ferry.Sharding(mesh2, ["proc", "local", None])
+    loaded2 = ferry.load_file(path, sharding={n: (sharding if t.ndim == 3 else ferry.Sharding(mesh2, [None] * t.ndim))
+                                              for n, t in tensors.items()})
+    checked += check_shards("uneven 2-d", loaded2["uneven"], tensors["uneven"])
+    transposed = tensors["uneven"].transpose(2, 0, 1)
+    put = ferry.device_put(transposed, ferry.Sharding(mesh2, [("proc", "local"), None, None]))
+    checked += check_shards("transposed", put, transposed)
+    wide = random_array(np.random.default_rng(3), (2 * count + 1, 3), "complex128")
+    checked += check_shards("complex128", ferry.device_put(wide, ferry.Sharding(mesh, ["all", None])), wide)
+    # Replicated over every device: fully addressable nowhere but readable everywhere.
+    rep = ferry.load_file(path, sharding=ferry.Sharding(mesh2, [None, None]))["w_float64"]
+    assert same_bits(ferry.device_get(rep), tensors["w_float64"])
+
+    # make_array_from_callback: called only for this process's devices.
+    calls = []
+
+    def callback(index):
+        calls.append(index)
+        return tensors["w_int64"][index]
+
+    made = ferry.make_array_from_callback(tensors["w_int64"].shape, ferry.Sharding(mesh, ["all", None]), callback)
+    assert len(calls) == 2, calls
+    checked += check_shards("callback", made, tensors["w_int64"])
+
+    # make_array_from_process_local_data, JAX's meaning: rows of this process's devices.
+    full = random_array(np.random.default_rng(7), (8 * count, 3), "float32")
+    rows = full[8 * me: 8 * (me + 1)]
+    local = ferry.make_array_from_process_local_data(ferry.Sharding(mesh, ["all", None]), rows)
+    assert tuple(local.shape) == full.shape, local.shape
+    checked += check_shards("process-local", local, full)
+    # Uneven: 10*count - 1 rows need global_shape; dim 1 split within the process.
+    full = random_array(np.random.default_rng(8), (4 * count - 1, 6), "int16")
+    s2 = ferry.Sharding(mesh2, ["proc", "local"])
+    begin = 4 * me
+    part = full[begin: min(begin + 4, full.shape[0])]
+    local2 = ferry.make_array_from_process_local_data(s2, part, global_shape=full.shape)
+    checked += check_shards("process-local uneven", local2, full)
+    print(f"rank {me} ok: {checked} shards match numpy slicing", flush=True)
+
+
+def case_cannot_open(directory):
+    # Rank 1 looks in a folder without the file.
+    me = ferry.process_index()
+    path = os.path.join(directory, "checkpoint.safetensors")
+    write_checkpoint(path)
+    mesh = ferry.Mesh(ferry.global_devices(), [2 * ferry.process_count()], ["all"])
+    if me == 1:
+        path = os.path.join(directory, "missing", "checkpoint.safetensors")
+    try:
+        ferry.load_file(path, sharding=ferry.shard_along(mesh))
+    except ferry.NotFoundError as error:
+        print(f"rank {me} error: {error}", flush=True)
+        sys.exit(3)
+    print(f"rank {me}: no error", flush=True)
+
+
+def case_mesh_differs(directory):
+    me = ferry.process_index()
+    path = os.path.join(directory, "checkpoint.safetensors")
+    write_checkpoint(path)
+    devices = ferry.global_devices()
+    mesh = ferry.Mesh(devices if me == 0 else devices[::-1], [len(devices)], ["all"])
+    try:
+        ferry.load_file(path, sharding=ferry.shard_along(mesh))
+    except ferry.InvalidArgumentError as error:
+        print(f"rank {me} error: {error}", flush=True)
+        sys.exit(3)
+    print(f"rank {me}: no error", flush=True)
+
+
+def case_killed(directory):
+    me = ferry.process_index()
+    ferry._ferry._barrier("everyone started")
+    if me == 1:
+        time.sleep(1)  # dies while the others wait, as a rank that crashes in its own work
+        if os.environ.get("DEATH") == "exit":
+            os._exit(1)  # ends at once: no MPI_Finalize, no cleanup
+        os.kill(os.getpid(), 9)
+    try:
+        ferry.global_devices("host")  # gathered already: no collective
+        ferry._ferry._barrier("after the kill")
+    except ferry.Error as error:
+        print(f"rank {me} error: {error}", flush=True)
+        sys.exit(3)
+    print(f"rank {me}: no error", flush=True)
+
+
+if __name__ == "__main__":
+    ferry.distributed.initialize()
+    globals()["case_" + sys.argv[1]](sys.argv[2])

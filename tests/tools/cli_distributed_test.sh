@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# `ferry put FILE --mesh all --shard-dim D --verify` under `mpiexec -n 2` and `-n 4` (loopback):
+# one table from rank 0, per-rank numbers, the global checksum per tensor, and the failures
+# (a rank that cannot open the file, arguments that differ between ranks): the same clear error on
+# every rank and a non-zero exit. Usage: cli_distributed_test.sh /path/to/ferry /path/to/mpiexec
+set -uo pipefail
+ferry=$1
+mpiexec=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+passes=0
+check() {  # check DESCRIPTION EXPECTED_RC COMMAND...   (expected "nonzero" for any failure)
+  local description=$1 expected=$2
+  shift 2
+  timeout 120 "$@" >"$work/out" 2>"$work/err"
+  local rc=$?
+  if [[ $expected == nonzero && $rc -ne 0 && $rc -ne 124 ]] || [[ $rc == "$expected" ]]; then
+    echo "ok: $description"; passes=$((passes + 1))
+  else
+    echo "FAIL: $description: exit $rc, expected $expected"; cat "$work/out" "$work/err"
+    failures=$((failures + 1))
+  fi
+}
+expect_output() {  # expect_output DESCRIPTION PATTERN FILE [COUNT]
+  local count
+  count=$(grep -c -- "$2" "$3")
+  if [[ $count -ge 1 && ( -z ${4:-} || $count -eq ${4:-} ) ]]; then
+    echo "ok: $1"; passes=$((passes + 1))
+  else
+    echo "FAIL: $1: '$2' found $count times in $3 (expected ${4:-at least 1})"; cat "$3"
+    failures=$((failures + 1))
+  fi
+}
+
+export FERRY_HOST_DEVICES=2
+check "sample" 0 "$ferry" sample "$work/s.safetensors" --size 3MiB
+for n in 2 4; do
+  for dim in 0 1; do
+    check "-n $n --shard-dim $dim --verify" 0 "$mpiexec" -n $n "$ferry" put "$work/s.safetensors" \
+      --mesh all --shard-dim $dim --verify --json "$work/$n.json"
+    expect_output "-n $n dim $dim: one table (rank 0)" "^total: " "$work/out" 1
+    expect_output "-n $n dim $dim: verified" "every tensor's global checksum matches the file" "$work/out"
+    expect_output "-n $n dim $dim: $((2 * n)) devices of $n processes" "on $((2 * n)) devices of $n process" "$work/out"
+    expect_output "-n $n dim $dim: a row per rank" "^ *$((n - 1)) *2 " "$work/out" 1
+  done
+  expect_output "-n $n: json per rank" "\"rank\": $((n - 1))" "$work/$n.json"
+done
+# The benchmark's measurement (bench/distributed_put.py), tiny: a cold page cache, per-rank reads.
+check "--drop-page-cache --json" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" --mesh all \
+  --drop-page-cache --json "$work/cold.json"
+expect_output "json has per-rank storage reads" '"storage_read_bytes"' "$work/cold.json"
+expect_output "json has the aggregate" '"aggregate_gbps"' "$work/cold.json"
+# A converted put: the checksums differ by the requested conversion, which is not a failure.
+check "converted --verify" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" --mesh all \
+  --device-dtype bfloat16 --verify
+expect_output "float32 stored as bfloat16" "lm_head.weight .*float32 -> bfloat16" "$work/out"
+expect_output "lossy conversion reported" "differs (lossy conversion)" "$work/out"
+
+# Rank 1 runs in a folder without the file: every rank fails with the same error naming rank 1.
+mkdir -p "$work/r0" "$work/r1"
+cp "$work/s.safetensors" "$work/r0/"
+check "a rank cannot open the file" nonzero "$mpiexec" -n 2 sh -c \
+  "cd $work/r\$PMI_RANK && exec $ferry put s.safetensors --mesh all --verify"
+expect_output "every rank says rank 1 failed" "rank 1 of 2 failed during opening the files" "$work/err" 2
+# Arguments that differ between ranks (the mesh a rank would build): refused on every rank.
+check "--shard-dim differs between ranks" nonzero "$mpiexec" -n 2 sh -c \
+  "exec $ferry put $work/s.safetensors --mesh all --shard-dim \$PMI_RANK"
+expect_output "every rank names the difference" "the command line differs between ranks" "$work/err" 2
+
+echo "$passes passed, $failures failed"
+[[ $failures -eq 0 ]]

@@ -1,0 +1,432 @@
+#include "tools/ferry/put_distributed.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <set>
+
+#include "ferry/core/copy_convert.h"
+#include "ferry/distributed/global_devices.h"
+#include "ferry/distributed/process_group.h"
+#include "ferry/io/tensor_file.h"
+#include "ferry/runtime/dtype_policy.h"
+#include "ferry/runtime/sharding.h"
+#include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "nlohmann/json.hpp"
+#include "tools/ferry/cli_common.h"
+
+namespace ferry::cli {
+namespace {
+
+constexpr std::string_view kCommand = "put";
+
+// Bytes this process caused to be read from storage (/proc/self/io read_bytes: page-cache misses,
+// mapped-file faults and their read-ahead included); -1 where the kernel does not say.
+int64_t StorageReadBytes() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "read_bytes:") return value;
+  }
+  return -1;
+}
+
+int64_t PeakRssBytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// Bytes of `path` in the page cache (mincore over a fresh mapping of the whole file).
+StatusOr<int64_t> ResidentBytes(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(fmt::format("cannot open '{}'", path));
+  const off_t size = lseek(fd, 0, SEEK_END);
+  if (size <= 0) {
+    close(fd);
+    return 0;
+  }
+  void* mapped = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapped == MAP_FAILED) return absl::InternalError(fmt::format("cannot map '{}'", path));
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> resident(static_cast<size_t>((size + page - 1) / page));
+  int64_t bytes = 0;
+  if (mincore(mapped, static_cast<size_t>(size), resident.data()) == 0) {
+    for (unsigned char flag : resident) bytes += (flag & 1) ? page : 0;
+  }
+  munmap(mapped, static_cast<size_t>(size));
+  return std::min<int64_t>(bytes, size);
+}
+
+void DropPageCache(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // opening the file reports it
+  fdatasync(fd);       // dirty pages (a file just written) cannot be dropped
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  close(fd);
+}
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// A checksum of one shard that adds up across shards: the sum over its elements of a hash of the
+// element's global position and its bytes. `dense` holds the shard, dense, in native byte order.
+uint64_t ShardChecksum(const HostTensor& dense, const ShardIndex& index, const Dims& global_dims) {
+  const int64_t rank = static_cast<int64_t>(global_dims.size());
+  const int64_t item = GetDTypeInfo(dense.dtype()).size_bytes;
+  int64_t count = 1;
+  for (const DimRange& range : index) count *= range.size();
+  std::vector<int64_t> global_strides(static_cast<size_t>(rank), 1);
+  for (int64_t d = rank - 2; d >= 0; --d) {
+    global_strides[d] = global_strides[d + 1] * global_dims[d + 1];
+  }
+  std::vector<int64_t> position(static_cast<size_t>(rank), 0);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(dense.data());
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t global = 0;
+    for (int64_t d = 0; d < rank; ++d) global += (index[d].begin + position[d]) * global_strides[d];
+    uint64_t words[2] = {0, 0};
+    std::memcpy(words, bytes + i * item, static_cast<size_t>(std::min<int64_t>(item, 16)));
+    sum += Mix(static_cast<uint64_t>(global) ^ Mix(words[0] + 0x9e3779b97f4a7c15ULL) ^
+               (Mix(words[1]) << 1));
+    for (int64_t d = rank - 1; d >= 0; --d) {  // the next element, row-major
+      if (++position[d] < index[d].size()) break;
+      position[d] = 0;
+    }
+  }
+  return sum;
+}
+
+struct Tensor {
+  std::string file;
+  TensorFileEntry entry;
+  DType device_dtype = DType::kF32;
+  bool split = false;
+  ShardedDataPtr sharded;
+};
+
+// The shards this process owns for the checksum: of every distinct shard index, the replica at the
+// lowest mesh position, when that device is this process's.
+std::vector<size_t> OwnedShards(const ShardedData& data) {
+  std::vector<size_t> owned;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    bool first = true;
+    for (size_t j = 0; j < i && first; ++j) first = data.indices()[j] != data.indices()[i];
+    if (first && data.shards()[i] != nullptr) owned.push_back(i);
+  }
+  return owned;
+}
+
+// Bytes of the distinct shards this process's devices hold.
+int64_t LocalShardBytes(const ShardedData& data, int64_t item_bytes) {
+  std::vector<ShardIndex> seen;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] == nullptr) continue;
+    if (std::find(seen.begin(), seen.end(), data.indices()[i]) != seen.end()) continue;
+    seen.push_back(data.indices()[i]);
+    int64_t elements = 1;
+    for (const DimRange& range : data.indices()[i]) elements *= range.size();
+    bytes += elements * item_bytes;
+  }
+  return bytes;
+}
+
+// Per tensor: {checksum of the file's bytes, checksum of the device data read back} over the
+// shards this process owns; summed over the ranks they cover every element once.
+StatusOr<std::vector<uint64_t>> LocalChecksums(const std::vector<Tensor>& tensors) {
+  std::vector<uint64_t> sums;
+  for (const Tensor& tensor : tensors) {
+    const HostView& view = tensor.entry.source->view();
+    uint64_t file_sum = 0;
+    uint64_t device_sum = 0;
+    const std::vector<size_t> owned = OwnedShards(*tensor.sharded);
+    std::vector<DataPtr> handles;
+    for (size_t i : owned) handles.push_back(tensor.sharded->shards()[i]);
+    FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> back, TransferFromDevice(handles));
+    for (size_t k = 0; k < owned.size(); ++k) {
+      const ShardIndex& index = tensor.sharded->indices()[owned[k]];
+      const HostView file_part = SubView(view, index);
+      FERRY_ASSIGN_OR_RETURN(HostTensor expected, HostTensor::Allocate(view.dtype, file_part.dims));
+      FERRY_RETURN_IF_ERROR(CopyConvert(file_part, expected.mutable_view()));
+      file_sum += ShardChecksum(expected, index, view.dims);
+      device_sum += ShardChecksum(back[k], index, view.dims);
+    }
+    sums.push_back(file_sum);
+    sums.push_back(device_sum);
+  }
+  return sums;
+}
+
+bool RequestApplies(DType requested, DType source) {
+  const auto integer = [](DTypeKind kind) {
+    return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
+  };
+  const DTypeKind a = GetDTypeInfo(requested).kind;
+  const DTypeKind b = GetDTypeInfo(source).kind;
+  return a == b || (integer(a) && integer(b));
+}
+
+}  // namespace
+
+int RunPutOverAllDevices(const DistributedPutOptions& options) {
+  auto initialized = distributed::Initialize();
+  if (!initialized.ok()) return ReportError(kCommand, initialized.status());
+  distributed::ProcessGroup& group = **initialized;
+  // MPI is finalized on every way out (not after a peer was lost: that would wait for it).
+  struct Finalizer {
+    ~Finalizer() { distributed::Finalize(); }
+  } finalizer;
+  const auto agree = [&](const Status& local, std::string_view step) {
+    return distributed::AgreeOnStatus(group, local, step);
+  };
+
+  // Everything a rank can get wrong on its own is agreed on before anything moves.
+  Status local;
+  HostBufferSemantics semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  if (options.semantics == "copy") {
+    semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
+  } else if (options.semantics == "zero_copy") {
+    semantics = HostBufferSemantics::kImmutableZeroCopy;
+  } else if (options.semantics != "async") {
+    local = InvalidArgumentError(
+        fmt::format("--semantics must be copy, async or zero_copy, not '{}'", options.semantics));
+  }
+  std::optional<DType> requested;
+  if (!options.device_dtype.empty()) {
+    auto dtype = DTypeFromName(options.device_dtype);
+    if (dtype.ok()) {
+      requested = *dtype;
+    } else if (local.ok()) {
+      local = dtype.status();
+    }
+  }
+  DeviceSet device_set;
+  std::vector<Device*> local_devices;
+  if (local.ok()) {
+    auto client = device_set.GetClient(options.backend);
+    if (client.ok()) {
+      const auto devices = (*client)->devices();
+      local_devices.assign(devices.begin(), devices.end());
+    } else {
+      local = client.status();
+    }
+  }
+  if (Status agreed = agree(local, "starting the devices"); !agreed.ok()) {
+    return ReportError(kCommand, agreed);
+  }
+  const std::string plan =
+      fmt::format("files [{}], backend {}, --shard-dim {}, --device-dtype '{}'{}, --semantics {}{}",
+                  fmt::join(options.files, ", "), options.backend, options.shard_dim,
+                  options.device_dtype, options.device_dtype_all ? " (all)" : "", options.semantics,
+                  options.verify ? ", --verify" : "");
+  if (Status agreed = distributed::AgreeOnValue(group, plan, "the command line"); !agreed.ok()) {
+    return ReportError(kCommand, agreed);
+  }
+  auto global = distributed::GlobalDevices::Gather(group, options.backend, local_devices);
+  if (!global.ok()) return ReportError(kCommand, global.status());
+  const std::vector<Device*>& mesh_devices = (*global)->devices();
+  auto mesh = Mesh::Create(mesh_devices, {static_cast<int64_t>(mesh_devices.size())}, {"all"});
+  if (!mesh.ok()) return ReportError(kCommand, mesh.status());
+
+  if (options.drop_page_cache) {
+    for (const std::string& path : options.files) DropPageCache(path);
+  }
+  const int64_t read_before = StorageReadBytes();
+  if (Status ready = group.Barrier("the start"); !ready.ok()) return ReportError(kCommand, ready);
+  const auto start = std::chrono::steady_clock::now();
+
+  // Open (map) every file; a file that one rank cannot open stops every rank.
+  std::vector<TensorFile> files;
+  std::vector<Tensor> tensors;
+  std::string layout;  // every tensor's name, dtype and shape: the same files on every rank
+  for (const std::string& path : options.files) {
+    auto file = TensorFile::Open(path);
+    if (!file.ok()) {
+      local = file.status();
+      break;
+    }
+    for (const TensorFileEntry& entry : file->tensors()) {
+      Tensor tensor;
+      tensor.file = path;
+      tensor.entry = entry;
+      const HostView& view = entry.source->view();
+      std::optional<DType> wanted = requested;
+      if (wanted.has_value() && !options.device_dtype_all && !RequestApplies(*wanted, view.dtype)) {
+        wanted.reset();
+      }
+      auto dtype = ChooseDeviceDType(view.dtype, wanted, mesh_devices.front()->capabilities(),
+                                     entry.source->name());
+      if (!dtype.ok()) {
+        local = dtype.status();
+        break;
+      }
+      tensor.device_dtype = *dtype;
+      tensor.split = options.shard_dim < view.rank();
+      layout +=
+          fmt::format("{} {} [{}]; ", entry.name, DTypeName(view.dtype), fmt::join(view.dims, ","));
+      tensors.push_back(std::move(tensor));
+    }
+    files.push_back(*std::move(file));
+    if (!local.ok()) break;
+  }
+  if (Status agreed = agree(local, "opening the files"); !agreed.ok()) {
+    return ReportError(kCommand, agreed);
+  }
+  if (Status agreed = distributed::AgreeOnValue(group, layout, "the files' tensors");
+      !agreed.ok()) {
+    return ReportError(kCommand, agreed);
+  }
+
+  // Each rank sends its own devices their shards, straight from the mapping (no prefetch: that
+  // would read the whole file).
+  TransferToDeviceOptions transfer_options;
+  transfer_options.semantics = semantics;
+  int64_t shard_bytes = 0;
+  int64_t total_bytes = 0;
+  for (Tensor& tensor : tensors) {
+    const HostView& view = tensor.entry.source->view();
+    std::vector<std::vector<std::string>> spec(static_cast<size_t>(view.rank()));
+    if (tensor.split) spec[static_cast<size_t>(options.shard_dim)] = {"all"};
+    auto sharding = Sharding::Create(*mesh, spec);
+    if (!sharding.ok()) {
+      local = sharding.status();
+      break;
+    }
+    transfer_options.device_dtypes = {tensor.device_dtype};
+    auto sharded = TransferShardsToDevice(tensor.entry.source, *sharding, transfer_options);
+    if (!sharded.ok()) {
+      local = sharded.status();
+      break;
+    }
+    tensor.sharded = *std::move(sharded);
+    shard_bytes += LocalShardBytes(*tensor.sharded, GetDTypeInfo(view.dtype).size_bytes);
+    total_bytes += view.dense_size_bytes();
+  }
+  for (const Tensor& tensor : tensors) {
+    if (!local.ok() || tensor.sharded == nullptr) break;
+    local = AwaitReady(tensor.sharded->addressable_shards());
+  }
+  for (const TensorFile& file : files) {
+    if (local.ok()) local = file.file()->CheckIntact();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t read_bytes = read_before < 0 ? -1 : StorageReadBytes() - read_before;
+  const int64_t peak_rss = PeakRssBytes();
+  if (Status agreed = agree(local, "putting the tensors"); !agreed.ok()) {
+    return ReportError(kCommand, agreed);
+  }
+
+  // --verify: per tensor, the file's checksum and the devices' summed over the ranks.
+  std::vector<std::string> verdicts(tensors.size());
+  bool verified_exact = true;
+  if (options.verify) {
+    auto sums = LocalChecksums(tensors);
+    if (Status agreed = agree(sums.status(), "verifying"); !agreed.ok()) {
+      return ReportError(kCommand, agreed);
+    }
+    auto total = distributed::AllReduceSum(group, *sums, "summing the checksums");
+    if (!total.ok()) return ReportError(kCommand, total.status());
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const bool match = (*total)[2 * t] == (*total)[2 * t + 1];
+      const bool converted = tensors[t].device_dtype != tensors[t].entry.source->view().dtype;
+      verdicts[t] = match ? "match" : converted ? "differs (lossy conversion)" : "MISMATCH";
+      if (!match && !converted) verified_exact = false;
+    }
+  }
+
+  // One table for the job, printed by rank 0 from every rank's numbers.
+  nlohmann::json mine = {{"rank", group.rank()},       {"devices", local_devices.size()},
+                         {"shard_bytes", shard_bytes}, {"storage_read_bytes", read_bytes},
+                         {"peak_rss_bytes", peak_rss}, {"seconds", seconds}};
+  auto gathered = group.AllGather(mine.dump(), "gathering the results");
+  if (!gathered.ok()) return ReportError(kCommand, gathered.status());
+  int64_t resident = 0;
+  for (const std::string& path : options.files) resident += ResidentBytes(path).value_or(0);
+  if (group.rank() == 0) {
+    fmt::print("{:<40} {:<18} {:<22} {:<26} {:>12}{}\n", "tensor", "shape",
+               "dtype (file -> device)", "layout", "size", options.verify ? "  verify" : "");
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const Tensor& tensor = tensors[t];
+      const HostView& view = tensor.entry.source->view();
+      fmt::print("{:<40} {:<18} {:<22} {:<26} {:>12}{}\n", tensor.entry.name,
+                 fmt::format("[{}]", fmt::join(view.dims, ", ")),
+                 fmt::format("{} -> {}", DTypeName(view.dtype), DTypeName(tensor.device_dtype)),
+                 tensor.split
+                     ? fmt::format("dim {} over {} devices", options.shard_dim, mesh_devices.size())
+                     : "replicated",
+                 FormatBytes(static_cast<double>(view.dense_size_bytes())),
+                 options.verify ? "  " + verdicts[t] : "");
+    }
+    fmt::print("\n{:>5} {:>8} {:>14} {:>14} {:>12} {:>9} {:>8}\n", "rank", "devices", "shard bytes",
+               "read (disk)", "peak RSS", "time s", "GB/s");
+    double slowest = 0;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const std::string& text : *gathered) {
+      const nlohmann::json r = nlohmann::json::parse(text);
+      const double s = r["seconds"].get<double>();
+      slowest = std::max(slowest, s);
+      const int64_t bytes = r["shard_bytes"].get<int64_t>();
+      const int64_t read = r["storage_read_bytes"].get<int64_t>();
+      fmt::print("{:>5} {:>8} {:>14} {:>14} {:>12} {:>9.3f} {:>8.2f}\n", r["rank"].get<int>(),
+                 r["devices"].get<int64_t>(), FormatBytes(static_cast<double>(bytes)),
+                 read < 0 ? std::string("?") : FormatBytes(static_cast<double>(read)),
+                 FormatBytes(static_cast<double>(r["peak_rss_bytes"].get<int64_t>())), s,
+                 s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0);
+      ranks.push_back(r);
+    }
+    const double aggregate = slowest > 0 ? static_cast<double>(total_bytes) / slowest / 1e9 : 0;
+    fmt::print(
+        "total: {} tensors, {} on {} devices of {} process(es) in {:.3f} s = {:.2f} GB/s "
+        "aggregate; file pages resident after the run: {}{}\n",
+        tensors.size(), FormatBytes(static_cast<double>(total_bytes)), mesh_devices.size(),
+        group.size(), slowest, aggregate, FormatBytes(static_cast<double>(resident)),
+        !options.verify  ? ""
+        : verified_exact ? "; verified: every tensor's global checksum matches the file"
+                         : "; verify FAILED");
+    if (!options.json_path.empty()) {
+      nlohmann::json json = {{"files", options.files},
+                             {"processes", group.size()},
+                             {"devices", mesh_devices.size()},
+                             {"shard_dim", options.shard_dim},
+                             {"total_bytes", total_bytes},
+                             {"seconds", slowest},
+                             {"aggregate_gbps", aggregate},
+                             {"resident_bytes_after", resident},
+                             {"dropped_page_cache", options.drop_page_cache},
+                             {"verified", options.verify},
+                             {"verified_exact", options.verify && verified_exact},
+                             {"ranks", ranks}};
+      std::ofstream out(options.json_path);
+      out << json.dump(2) << "\n";
+      if (!out) {
+        return ReportError(kCommand, InvalidArgumentError(fmt::format(
+                                         "cannot write --json file '{}'", options.json_path)));
+      }
+    }
+  }
+  if (options.verify && !verified_exact) {
+    return ReportError(kCommand, absl::DataLossError("verify: a tensor's global checksum differs "
+                                                     "from the file's (see the table)"));
+  }
+  return kExitOk;
+}
+
+}  // namespace ferry::cli
