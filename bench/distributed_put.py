@@ -7,8 +7,9 @@ each process has its own host device(s) and sends them only its shards, straight
 file. The page cache is dropped (posix_fadvise DONTNEED) before each run, so what the processes
 read comes from the disk; per rank it reports the bytes of its shards, the bytes it read from
 storage (/proc/self/io read_bytes: its own page-cache misses, read-ahead included; a page another
-rank already brought in is not counted again), its peak RSS (mapped file pages it touched count
-too) and time; for the job, the aggregate throughput and the file's resident bytes afterwards
+rank already brought in is not counted again), what it reads alone ("alone": rank by rank, the
+cache dropped, that rank sending its shards again, the file's resident bytes by mincore), its peak RSS (mapped file pages it touched count
+too), its anonymous RSS at the end (the devices' copies and the heap) and time; for the job, the aggregate throughput and the file's resident bytes afterwards
 (mincore: the union of what every rank read).
 
 Usage: bench/distributed_put.py --ferry build/plain/ferry [--size 1GiB] [--processes 1 2 4]
@@ -61,8 +62,8 @@ def main() -> int:
         print(f"file: {total / 2**30:.2f} GiB, --shard-dim {args.shard_dim}, "
               f"{args.devices_per_process} host device(s) per process, median of {args.repeat} "
               "cold-cache runs\n")
-        print(f"{'procs':>5} {'rank':>4} {'shard MiB':>10} {'read MiB':>9} {'peak RSS MiB':>12} "
-              f"{'time s':>7} {'GB/s':>6}")
+        print(f"{'procs':>5} {'rank':>4} {'shard MiB':>10} {'read MiB':>9} {'alone MiB':>10} "
+              f"{'peak RSS MiB':>12} {'anon MiB':>9} {'time s':>7} {'GB/s':>6}")
         base = None
         summary = []
         for n, runs in results.items():
@@ -71,7 +72,9 @@ def main() -> int:
                 s = rank["seconds"]
                 print(f"{n:>5} {rank['rank']:>4} {rank['shard_bytes'] / 2**20:>10.1f} "
                       f"{rank['storage_read_bytes'] / 2**20:>9.1f} "
-                      f"{rank['peak_rss_bytes'] / 2**20:>12.1f} {s:>7.3f} "
+                      f"{rank['isolated_read_bytes'] / 2**20:>10.1f} "
+                      f"{rank['peak_rss_bytes'] / 2**20:>12.1f} "
+                      f"{rank['anonymous_rss_bytes'] / 2**20:>9.1f} {s:>7.3f} "
                       f"{rank['shard_bytes'] / s / 1e9 if s else 0:>6.2f}")
             aggregate = statistics.median(run["aggregate_gbps"] for run in runs)
             base = base or aggregate
