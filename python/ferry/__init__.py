@@ -769,6 +769,8 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
             applies = requested is not None and (
                 device_dtype_all
                 or _dtype_kind(_dtype_name(array.dtype.newbyteorder("="))) == _dtype_kind(requested))
+            # Only this process's shards' bytes, not the kernel's read-around past their edges.
+            _ferry._advise_shard_reads(*_prepare(array), shardings[name]._sharding)
             placed[name] = device_put(array, shardings[name], device_dtype=requested if applies else None)
         for each in placed.values():
             each.block_until_ready()

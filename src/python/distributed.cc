@@ -10,8 +10,10 @@
 #include "ferry/core/mutex.h"
 #include "ferry/distributed/global_devices.h"
 #include "ferry/distributed/process_group.h"
+#include "ferry/runtime/sharding.h"
 #include "fmt/format.h"
 #include "src/python/gil.h"
+#include "src/python/py_source.h"
 #include "src/python/status_error.h"
 
 namespace nb = nanobind;
@@ -141,9 +143,24 @@ std::vector<nb::bytes> AllGather(nb::bytes local, const std::string& step) {
   return result;
 }
 
+// load_file with a sharding: read exactly this process's shards of a mapped tensor (see
+// AdviseExactShardReads); `object` is a numpy view of the mapped file.
+void AdviseShardReads(nb::object object, std::optional<std::string> dtype_override,
+                      const Sharding& sharding) {
+  ApiScope api;
+  std::optional<DType> dtype;
+  if (dtype_override.has_value()) dtype = ValueOrThrow(DTypeFromName(*dtype_override));
+  // Destroyed after `unlocked`, with the GIL held (it holds the Python object).
+  auto source = ValueOrThrow(SourceFromPython(object, dtype, "array"));
+  ScopedGilRelease unlocked;
+  AdviseExactShardReads(source->view(), sharding);
+}
+
 }  // namespace
 
 void AddDistributedFunctions(nb::module_& m) {
+  m.def("_advise_shard_reads", &AdviseShardReads, nb::arg("object"),
+        nb::arg("dtype_override").none(), nb::arg("sharding"));
   m.def("_distributed_initialize", &Initialize);
   m.def("_distributed_finalize", [] {
     ScopedGilRelease unlocked;

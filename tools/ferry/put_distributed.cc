@@ -155,33 +155,7 @@ int64_t TensorBytes(const Tensor& tensor) {
 void AdviseShardReads(const Tensor& tensor, const Mesh& mesh, int shard_dim) {
   const HostView& view = tensor.entry.source->view();
   auto sharding = Sharding::Create(mesh, SpecFor(tensor, shard_dim, view.rank()));
-  if (!sharding.ok()) return;  // reported by the transfer
-  auto indices = sharding->ShardIndices(view.dims);
-  if (!indices.ok()) return;
-  std::vector<HostView> parts;
-  for (size_t i = 0; i < indices->size(); ++i) {
-    if (!mesh.devices()[i]->is_addressable()) continue;
-    HostView part = SubView(view, (*indices)[i]);
-    if (part.num_elements() == 0) continue;
-    if (!part.IsRowMajorDense()) return;  // strided: leave the kernel's read-around on
-    parts.push_back(part);
-  }
-  if (parts.empty()) return;
-  const int64_t page = sysconf(_SC_PAGESIZE);
-  const auto begin = reinterpret_cast<uintptr_t>(view.data);
-  const auto aligned = begin / page * page;
-  // Advice only: errors leave the reads correct, merely less exact.
-  madvise(reinterpret_cast<void*>(aligned), begin + view.dense_size_bytes() - aligned, MADV_RANDOM);
-  // One MADV_WILLNEED reads at most the device's read-ahead window (Linux caps it there: 128 KiB
-  // by default), so the range goes in steps of that size.
-  constexpr uintptr_t kStep = uintptr_t{128} << 10;
-  for (const HostView& part : parts) {
-    const auto part_begin = reinterpret_cast<uintptr_t>(part.data) / page * page;
-    const auto part_end = reinterpret_cast<uintptr_t>(part.data) + part.dense_size_bytes();
-    for (uintptr_t step = part_begin; step < part_end; step += kStep) {
-      madvise(reinterpret_cast<void*>(step), std::min(kStep, part_end - step), MADV_WILLNEED);
-    }
-  }
+  if (sharding.ok()) AdviseExactShardReads(view, *sharding);  // else reported by the transfer
 }
 
 // Starts every tensor's sharded transfer (this process's shards only) and waits for them.

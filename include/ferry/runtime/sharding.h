@@ -77,6 +77,14 @@ class Sharding {
 HostView SubView(const HostView& view, const ShardIndex& index);
 MutableHostView SubView(const MutableHostView& view, const ShardIndex& index);
 
+// For a view into a memory-mapped file (a TensorFile source): advises the kernel to read exactly
+// the bytes of this process's shards of `view` under `sharding`, not its usual read-around window
+// past each shard's edge (which, for tensors of a few MiB, reads the other processes' shards too).
+// Applies only when every local shard is contiguous in memory (a split of the leading dim); does
+// nothing otherwise, or for memory that is not a file mapping. Advice only: the data read is the
+// same either way. Call it before the transfer that reads the shards.
+void AdviseExactShardReads(const HostView& view, const Sharding& sharding);
+
 // A tensor spread over a mesh: one Data handle per mesh device (row-major mesh order). In a
 // multi-process job the mesh may hold other processes' devices (Device::is_addressable() false):
 // their entries in shards() are null; this process holds only its own shards.
