@@ -38,4 +38,9 @@ if(FERRY_BUILD_TESTS)
   add_dependencies(ferry_plugin_tests ferry_pjrt_plugin)
   gtest_discover_tests(ferry_plugin_tests DISCOVERY_TIMEOUT 60 PROPERTIES LABELS plugin TIMEOUT 300
                        ENVIRONMENT "FERRY_PJRT_SEARCH_PATH=${FERRY_PJRT_SITE_PACKAGES}")
+  # Again with the same CPU plugin built at API 0.115 (a table longer than ferry's 0.81 header)
+  # wrapped; skipped with the reason where lammps-jax-pjrt-cpu is not installed.
+  gtest_discover_tests(ferry_plugin_tests TEST_PREFIX "api_0_115." DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS plugin TIMEOUT 300
+                       ENVIRONMENT "FERRY_PJRT_SEARCH_PATH=${FERRY_PJRT_SITE_PACKAGES};FERRY_PJRT_PLUGIN=lammps_jax_pjrt_cpu;FERRY_PJRT_WRAPPED_PLUGIN=lammps_jax_pjrt_cpu")
 endif()

@@ -4,7 +4,9 @@
 // upload; done_with_host_buffer is a real event of the wrapped plugin.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -100,12 +102,12 @@ class Client {
     args.device = device_;
     return args;
   }
-  // Uploads, waits for done_with_host_buffer, reads the buffer back densely, destroys it.
+  // Uploads, reads the buffer back densely, destroys it, then waits for done_with_host_buffer
+  // (which fires at the destruction when the plugin aliased the source).
   std::vector<std::byte> RoundTrip(PJRT_Client_BufferFromHostBuffer_Args args, size_t bytes) {
     std::vector<std::byte> out(bytes);
     EXPECT_EQ(Describe(api_, api_.PJRT_Client_BufferFromHostBuffer(&args)), "");
     if (args.buffer == nullptr) return out;
-    EXPECT_EQ(pjrt::AwaitEvent(api_, args.done_with_host_buffer, "done").ToString(), "OK");
     auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
     read.src = args.buffer;
     read.dst = out.data();
@@ -115,6 +117,7 @@ class Client {
     auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
     destroy.buffer = args.buffer;
     EXPECT_EQ(Describe(api_, api_.PJRT_Buffer_Destroy(&destroy)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(api_, args.done_with_host_buffer, "done").ToString(), "OK");
     return out;
   }
 
@@ -140,6 +143,8 @@ class FerryPjrtPluginTest : public ::testing::Test {
 
 TEST_F(FerryPjrtPluginTest,
        table_is_the_wrapped_table_with_only_transfer_and_error_entries_replaced) {
+  std::printf("wrapped: %s (API %d.%d, a table of %zu bytes)\n", Wrapped()->path.c_str(),
+              Wrapped()->major_version, Wrapped()->minor_version, wrapped().struct_size);
   ASSERT_EQ(ferry().struct_size, wrapped().struct_size);
   EXPECT_EQ(ferry().pjrt_api_version.minor_version, wrapped().pjrt_api_version.minor_version);
   const std::vector<size_t> replaced = {offsetof(PJRT_Api, PJRT_Error_Destroy),
