@@ -104,8 +104,11 @@ Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const Mutabl
   return CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, buffer_dims), dst).status();
 }
 
-Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, DType device_dtype,
-                                     const Device* device, std::string_view tensor_name) {
+namespace {
+
+// `device` is one of `client`'s and holds `device_dtype` (false for a value outside the enum).
+Status CheckDeviceHolds(const Client& client, const Device* device, DType device_dtype,
+                        std::string_view tensor_name) {
   if (device == nullptr) {
     return InvalidArgumentError(fmt::format("tensor '{}': no device given", tensor_name));
   }
@@ -120,6 +123,14 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
     return InvalidArgumentError(fmt::format("tensor '{}': device {} cannot hold {}", tensor_name,
                                             device->name(), DTypeName(device_dtype)));
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, DType device_dtype,
+                                     const Device* device, std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(CheckDeviceHolds(client, device, device_dtype, tensor_name));
   if (Status convertible = CheckConvertible(src.dtype, device_dtype); !convertible.ok()) {
     return Status(convertible.code(),
                   fmt::format("tensor '{}': {}", tensor_name, std::string(convertible.message())));
@@ -130,6 +141,46 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
                                             tensor_name, src.num_elements()));
   }
   return OkStatus();
+}
+
+StatusOr<MemorySpace> FindMemorySpace(const Device& device, std::string_view kind) {
+  const std::vector<MemorySpace> spaces = device.memory_spaces();
+  std::vector<std::string_view> kinds;
+  for (const MemorySpace& space : spaces) {
+    if (kind.empty() ? space.is_default : space.kind == kind) return space;
+    kinds.push_back(space.kind);
+  }
+  return InvalidArgumentError(fmt::format("device {} has no memory space '{}' (it has: {})",
+                                          device.name(), kind, fmt::join(kinds, ", ")));
+}
+
+StatusOr<WriterPlacement> CheckCreateBufferWriterArgs(const Client& client, DType device_dtype,
+                                                      const Dims& dims, const Device* device,
+                                                      std::string_view memory_kind,
+                                                      std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(CheckDeviceHolds(client, device, device_dtype, tensor_name));
+  StatusOr<int64_t> count = CheckedNumElements(dims);
+  if (!count.ok()) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': {}", tensor_name, std::string(count.status().message())));
+  }
+  int64_t size_bytes = 0;
+  if (__builtin_mul_overflow(*count, DTypeSize(device_dtype), &size_bytes)) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': its device size in bytes overflows int64", tensor_name));
+  }
+  WriterPlacement placement;
+  // The same size limits as a put of the buffer's dense bytes.
+  FERRY_ASSIGN_OR_RETURN(placement.size_bytes,
+                         DeviceBytesFor(HostView::Dense(nullptr, device_dtype, dims), device_dtype,
+                                        *device, tensor_name));
+  StatusOr<MemorySpace> memory = FindMemorySpace(*device, memory_kind);
+  if (!memory.ok()) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': {}", tensor_name, std::string(memory.status().message())));
+  }
+  placement.memory = *std::move(memory);
+  return placement;
 }
 
 StatusOr<int64_t> DeviceBytesFor(const HostView& src, DType device_dtype, const Device& device,

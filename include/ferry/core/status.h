@@ -16,6 +16,7 @@ using Status = absl::Status;
 template <typename T>
 using StatusOr = absl::StatusOr<T>;
 
+using absl::AbortedError;
 using absl::CancelledError;
 using absl::FailedPreconditionError;
 using absl::InternalError;

@@ -32,6 +32,8 @@ class Buffer {
   virtual int64_t size_bytes() const = 0;
   // True when the buffer aliases its host source (kImmutableZeroCopy on the host backend).
   virtual bool is_alias() const { return false; }
+  // The memory space it lives in (Device::memory_spaces()).
+  virtual std::string memory_kind() const { return "device"; }
 
   // Completes once the data is on the device and the host source has been released (the
   // `on_done` callback has returned), with an error status if the transfer failed or was

@@ -10,6 +10,7 @@
 #include "ferry/core/host_view.h"
 #include "ferry/core/status.h"
 #include "ferry/device/buffer.h"
+#include "ferry/device/buffer_writer.h"
 #include "ferry/device/device.h"
 
 namespace ferry {
@@ -41,7 +42,27 @@ class Client {
   virtual StatusOr<std::unique_ptr<Buffer>> BufferFromHostBuffer(
       const HostView& src, DType device_dtype, Device* device, HostBufferSemantics semantics,
       OnDoneWithHostBuffer on_done, std::string_view tensor_name = "tensor") = 0;
+
+  // Create-then-fill (buffer_writer.h): makes a buffer of `dims` in `device_dtype` on `device`,
+  // in its memory space `memory_kind` (the default for an empty kind), whose bytes arrive later
+  // through the returned writer. Errors as BufferFromHostBuffer (named `tensor_name`), and
+  // InvalidArgument for a memory kind the device does not have.
+  virtual StatusOr<std::unique_ptr<BufferWriter>> CreateBufferWriter(
+      DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind = {},
+      std::string_view tensor_name = "tensor") = 0;
 };
+
+// Checks shared by every backend before a CreateBufferWriter: `device` belongs to `client`, holds
+// `device_dtype`, the dims are valid and `memory_kind` names one of its spaces. Returns the
+// buffer's size in bytes and its memory space.
+struct WriterPlacement {
+  int64_t size_bytes = 0;
+  MemorySpace memory;
+};
+StatusOr<WriterPlacement> CheckCreateBufferWriterArgs(const Client& client, DType device_dtype,
+                                                      const Dims& dims, const Device* device,
+                                                      std::string_view memory_kind,
+                                                      std::string_view tensor_name);
 
 // Checks shared by every backend before a transfer starts: `device` belongs to `client`, the
 // device holds `device_dtype`, the dtypes convert, the view is self-consistent. Errors name

@@ -14,6 +14,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/dtype.h"
+#include "ferry/core/status.h"
 
 namespace ferry {
 
@@ -61,6 +62,16 @@ struct DeviceCapabilities {
   std::vector<DType> HeldDTypes() const;
 };
 
+// A memory space of a device (PJRT's PJRT_Memory): where a buffer's bytes live. Every device has
+// one default space; accelerators add host memories the device reaches directly.
+struct MemorySpace {
+  // "device" (the device's own memory), "pinned_host", "unpinned_host", ... as the backend names
+  // it.
+  std::string kind;
+  // The space buffers go to unless a kind is asked for.
+  bool is_default = false;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -80,6 +91,13 @@ class Device {
   // False for a device of another process of a multi-process job (distributed::RemoteDevice):
   // it has no client here (client() is null) and nothing can be sent to it or read from it.
   virtual bool is_addressable() const { return true; }
+  // The memory spaces buffers of this device may live in, the default first. Backends whose
+  // devices have one memory keep this default: {"device", default}.
+  virtual std::vector<MemorySpace> memory_spaces() const { return {{"device", true}}; }
 };
+
+// The memory space of `device` named `kind`; its default space for an empty `kind`.
+// InvalidArgument listing the device's spaces when it has none of that kind.
+StatusOr<MemorySpace> FindMemorySpace(const Device& device, std::string_view kind);
 
 }  // namespace ferry

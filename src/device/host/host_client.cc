@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -104,6 +105,64 @@ StatusOr<std::unique_ptr<Buffer>> HostClient::BufferFromHostBuffer(
                                                             std::move(on_done), allocation));
   return std::unique_ptr<Buffer>(
       new HostBuffer(host_device, device_dtype, src.dims, allocation, std::move(ready), engine_));
+}
+
+namespace {
+
+class HostBufferWriter final : public BufferWriter {
+ public:
+  HostBufferWriter(HostDevice* device, DType device_dtype, const Dims& dims,
+                   const WriterPlacement& placement, std::string_view tensor_name,
+                   std::shared_ptr<DeviceAllocation> allocation,
+                   std::weak_ptr<TransferEngine> engine)
+      : BufferWriter(device_dtype, dims, placement.size_bytes, placement.memory.kind,
+                     std::string(tensor_name)),
+        device_(device),
+        allocation_(std::move(allocation)),
+        engine_(std::move(engine)) {}
+  ~HostBufferWriter() override { AbortIfUnfinished(); }
+
+  void Start() { CompleteIfEmpty(); }
+
+ protected:
+  StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
+                                bool last) override {
+    if (size_bytes > 0) {
+      std::memcpy(allocation_->mutable_data() + offset_bytes, data,
+                  static_cast<size_t>(size_bytes));
+    }
+    if (last) ready_.Set(OkStatus());
+    return Future<>::Ready(OkStatus());
+  }
+  void FailBuffer(Status status) override { ready_.Set(std::move(status)); }
+  std::unique_ptr<Buffer> MakeBuffer() override {
+    return std::make_unique<HostBuffer>(device_, device_dtype(), dims(), allocation_,
+                                        ready_.future(), engine_);
+  }
+
+ private:
+  HostDevice* const device_;
+  const std::shared_ptr<DeviceAllocation> allocation_;
+  const std::weak_ptr<TransferEngine> engine_;
+  Promise<> ready_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BufferWriter>> HostClient::CreateBufferWriter(
+    DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind,
+    std::string_view tensor_name) {
+  FERRY_ASSIGN_OR_RETURN(
+      const WriterPlacement placement,
+      CheckCreateBufferWriterArgs(*this, device_dtype, dims, device, memory_kind, tensor_name));
+  auto* host_device = static_cast<HostDevice*>(device);
+  FERRY_ASSIGN_OR_RETURN(auto allocation,
+                         DeviceAllocation::Create(host_device->memory(), placement.size_bytes,
+                                                  tensor_name, device->name()));
+  auto writer = std::make_unique<HostBufferWriter>(host_device, device_dtype, dims, placement,
+                                                   tensor_name, std::move(allocation), engine_);
+  writer->Start();
+  return std::unique_ptr<BufferWriter>(std::move(writer));
 }
 
 }  // namespace ferry::host

@@ -53,6 +53,11 @@ class HostClient final : public Client {
                                                          HostBufferSemantics semantics,
                                                          OnDoneWithHostBuffer on_done,
                                                          std::string_view tensor_name) override;
+  // Writes land in the buffer's memory on the calling thread (a memcpy).
+  StatusOr<std::unique_ptr<BufferWriter>> CreateBufferWriter(DType device_dtype, const Dims& dims,
+                                                             Device* device,
+                                                             std::string_view memory_kind,
+                                                             std::string_view tensor_name) override;
 
  private:
   HostClient(int num_devices, const DeviceCapabilities& capabilities, int num_workers);

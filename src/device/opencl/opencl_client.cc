@@ -412,4 +412,71 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   return make_buffer(enqueued.future());
 }
 
+namespace {
+
+class OpenClBufferWriter final : public BufferWriter {
+ public:
+  OpenClBufferWriter(OpenClDevice* device, DType device_dtype, const Dims& dims,
+                     const WriterPlacement& placement, std::string_view tensor_name,
+                     std::shared_ptr<DeviceMemory> memory, std::shared_ptr<ClientLifetime> lifetime)
+      : BufferWriter(device_dtype, dims, placement.size_bytes, placement.memory.kind,
+                     std::string(tensor_name)),
+        device_(device),
+        memory_(std::move(memory)),
+        lifetime_(std::move(lifetime)) {}
+  ~OpenClBufferWriter() override { AbortIfUnfinished(); }
+
+  void Start() { CompleteIfEmpty(); }
+
+ protected:
+  StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
+                                bool last) override {
+    if (size_bytes > 0) {
+      FERRY_ASSIGN_OR_RETURN(ClientLifetime::Token token,
+                             ClientLifetime::Begin(lifetime_, fmt::format("tensor '{}'", name())));
+      const OpenClLibrary& cl = memory_->queue().cl();
+      const cl_int error = cl.clEnqueueWriteBuffer(
+          memory_->queue().queue(), memory_->mem(), CL_TRUE, static_cast<size_t>(offset_bytes),
+          static_cast<size_t>(size_bytes), data, 0, nullptr, nullptr);
+      FERRY_OPENCL_RETURN_IF_ERROR(error, "clEnqueueWriteBuffer",
+                                   fmt::format("tensor '{}' on {}", name(), device_->name()));
+    }
+    if (last) ready_.Set(OkStatus());
+    return Future<>::Ready(OkStatus());
+  }
+  void FailBuffer(Status status) override { ready_.Set(std::move(status)); }
+  std::unique_ptr<Buffer> MakeBuffer() override {
+    // Every write is blocking, so the writes are all enqueued once the buffer is ready.
+    return std::unique_ptr<Buffer>(new OpenClBuffer(device_, device_dtype(), dims(), memory_,
+                                                    ready_.future(), ready_.future(), lifetime_,
+                                                    &device_->ring(), name()));
+  }
+
+ private:
+  OpenClDevice* const device_;
+  const std::shared_ptr<DeviceMemory> memory_;
+  const std::shared_ptr<ClientLifetime> lifetime_;
+  Promise<> ready_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BufferWriter>> OpenClClient::CreateBufferWriter(
+    DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind,
+    std::string_view tensor_name) {
+  FERRY_ASSIGN_OR_RETURN(
+      const WriterPlacement placement,
+      CheckCreateBufferWriterArgs(*this, device_dtype, dims, device, memory_kind, tensor_name));
+  auto* opencl_device = static_cast<OpenClDevice*>(device);
+  FERRY_ASSIGN_OR_RETURN(ClientLifetime::Token token,
+                         ClientLifetime::Begin(lifetime_, fmt::format("tensor '{}'", tensor_name)));
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<DeviceMemory> memory,
+                         DeviceMemory::Create(opencl_device->queue(), opencl_device->memory(),
+                                              placement.size_bytes, tensor_name));
+  auto writer = std::make_unique<OpenClBufferWriter>(opencl_device, device_dtype, dims, placement,
+                                                     tensor_name, std::move(memory), lifetime_);
+  writer->Start();
+  return std::unique_ptr<BufferWriter>(std::move(writer));
+}
+
 }  // namespace ferry::opencl

@@ -97,6 +97,11 @@ class OpenClClient final : public Client {
                                                          HostBufferSemantics semantics,
                                                          OnDoneWithHostBuffer on_done,
                                                          std::string_view tensor_name) override;
+  // Each write is one blocking clEnqueueWriteBuffer at its offset, on the calling thread.
+  StatusOr<std::unique_ptr<BufferWriter>> CreateBufferWriter(DType device_dtype, const Dims& dims,
+                                                             Device* device,
+                                                             std::string_view memory_kind,
+                                                             std::string_view tensor_name) override;
 
  private:
   OpenClClient() : lifetime_(std::make_shared<ClientLifetime>("opencl")) {}

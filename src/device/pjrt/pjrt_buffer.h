@@ -64,6 +64,8 @@ struct PjrtBufferParts {
   // Keeps ferry's own device memory (direct path) or the plugin allocation's accounting alive.
   std::shared_ptr<void> memory_keepalive;
   bool is_alias = false;
+  // The PJRT memory kind it lives in.
+  std::string memory_kind = "device";
 };
 
 class PjrtBuffer final : public Buffer {
@@ -76,6 +78,7 @@ class PjrtBuffer final : public Buffer {
   const Dims& dims() const override { return parts_.dims; }
   int64_t size_bytes() const override { return size_bytes_; }
   bool is_alias() const override { return parts_.is_alias; }
+  std::string memory_kind() const override { return parts_.memory_kind; }
   Future<> Ready() const override { return parts_.ready; }
   // After Ready(): where the host can address the device memory, one pass of the fused
   // copy-convert into `dst` (on the transfer engine when large); else the plugin's ToHostBuffer

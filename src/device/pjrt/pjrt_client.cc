@@ -20,6 +20,12 @@ std::string View(const char* data, size_t size) {
   return data == nullptr ? std::string() : std::string(data, size);
 }
 
+std::vector<std::string> MemoryKinds(const std::vector<PjrtMemorySpace>& memories) {
+  std::vector<std::string> kinds;
+  for (const PjrtMemorySpace& space : memories) kinds.push_back(space.kind);
+  return kinds;
+}
+
 // The named values for PJRT_Client_Create and the names they point at.
 struct NamedValues {
   std::vector<PJRT_NamedValue> values;
@@ -130,18 +136,36 @@ PJRT_Buffer_Type ToPjrtType(DType dtype) {
 
 PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
                        PJRT_Memory* default_memory, std::string kind,
-                       std::vector<std::string> memory_kinds, DeviceCapabilities capabilities)
+                       std::vector<PjrtMemorySpace> memories, DeviceCapabilities capabilities)
     : client_(client),
       index_(index),
       name_(fmt::format("pjrt:{}", index)),
       device_(device),
       default_memory_(default_memory),
       kind_(std::move(kind)),
-      memory_kinds_(std::move(memory_kinds)),
+      memories_(std::move(memories)),
       capabilities_(std::move(capabilities)),
       memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)) {}
 
 Client* PjrtDevice::client() const { return client_; }
+
+std::vector<MemorySpace> PjrtDevice::memory_spaces() const {
+  std::vector<MemorySpace> spaces;
+  for (const PjrtMemorySpace& space : memories_) {
+    const bool is_default = space.memory == default_memory_;
+    spaces.insert(is_default ? spaces.begin() : spaces.end(), {space.kind, is_default});
+  }
+  // A plugin without memories still has the device's own.
+  if (spaces.empty() || !spaces.front().is_default) spaces.insert(spaces.begin(), {"device", true});
+  return spaces;
+}
+
+PJRT_Memory* PjrtDevice::FindMemory(std::string_view kind) const {
+  for (const PjrtMemorySpace& space : memories_) {
+    if (kind.empty() ? space.memory == default_memory_ : space.kind == kind) return space.memory;
+  }
+  return kind.empty() || kind == "device" ? default_memory_ : nullptr;
+}
 
 std::string PjrtDevice::description() const {
   const PjrtPlatformInfo& platform = client_->platform();
@@ -149,7 +173,8 @@ std::string PjrtDevice::description() const {
   if (size_t slash = plugin.rfind('/'); slash != std::string::npos)
     plugin = plugin.substr(slash + 1);
   return fmt::format("{} {} (PJRT {} API {}.{}; memories {}; {})", platform.platform_name, kind_,
-                     plugin, platform.api_major, platform.api_minor, fmt::join(memory_kinds_, ","),
+                     plugin, platform.api_major, platform.api_minor,
+                     fmt::join(MemoryKinds(memories_), ","),
                      platform.direct_host_access ? "direct host access" : "plugin transfers");
 }
 
@@ -237,7 +262,7 @@ Status PjrtClient::Initialize(const ClientOptions& options) {
     kind.device_description = description.device_description;
     FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_DeviceDescription_Kind(&kind), "Kind"));
     PJRT_Memory* default_memory = nullptr;
-    std::vector<std::string> memory_kinds;
+    std::vector<PjrtMemorySpace> spaces;
     if (FERRY_PJRT_HAS(library, PJRT_Device_DefaultMemory)) {
       auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
       memory.device = device;
@@ -254,14 +279,14 @@ Status PjrtClient::Initialize(const ClientOptions& options) {
           auto memory_kind = FERRY_PJRT_ARGS(PJRT_Memory_Kind_Args);
           memory_kind.memory = memories.memories[m];
           if (runtime_->Check(api.PJRT_Memory_Kind(&memory_kind), "Memory_Kind").ok()) {
-            memory_kinds.push_back(View(memory_kind.kind, memory_kind.kind_size));
+            spaces.push_back({View(memory_kind.kind, memory_kind.kind_size), memories.memories[m]});
           }
         }
       }
     }
     devices_.push_back(std::make_unique<PjrtDevice>(
         this, static_cast<int>(i), device, default_memory,
-        View(kind.device_kind, kind.device_kind_size), std::move(memory_kinds), capabilities));
+        View(kind.device_kind, kind.device_kind_size), std::move(spaces), capabilities));
     device_pointers_.push_back(devices_.back().get());
   }
 
@@ -676,6 +701,173 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
   };
   FERRY_RETURN_IF_ERROR(staging_->Submit(std::move(job)));
   return buffer;
+}
+
+}  // namespace ferry::pjrt
+
+namespace ferry::pjrt {
+namespace {
+
+// Create-then-fill through the plugin's transfer manager: the buffer is the plugin's own from
+// the start (RetrieveBuffer), each Write is one TransferData at its offset.
+class PjrtBufferWriter final : public BufferWriter {
+ public:
+  PjrtBufferWriter(PjrtClient* client, PjrtDevice* device, DType device_dtype, const Dims& dims,
+                   const WriterPlacement& placement, std::string_view tensor_name,
+                   PJRT_AsyncHostToDeviceTransferManager* manager, PjrtBufferParts parts,
+                   Promise<> ready)
+      : BufferWriter(device_dtype, dims, placement.size_bytes, placement.memory.kind,
+                     std::string(tensor_name)),
+        device_(device),
+        runtime_(client->runtime()),
+        manager_(manager),
+        parts_(std::move(parts)),
+        ready_(std::move(ready)) {}
+
+  ~PjrtBufferWriter() override {
+    AbortIfUnfinished();
+    const PJRT_Api& api = runtime_->api();
+    auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
+    args.transfer_manager = manager_;
+    ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_Destroy(&args), "Destroy")
+        .IgnoreError();
+  }
+
+  void Start() { CompleteIfEmpty(); }
+
+ protected:
+  StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
+                                bool last) override {
+    FERRY_ASSIGN_OR_RETURN(
+        ClientLifetime::Token token,
+        ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", name())));
+    const PJRT_Api& api = runtime_->api();
+    alignas(64) static const std::byte kEmpty[64] = {};
+    auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+    args.transfer_manager = manager_;
+    args.buffer_index = 0;
+    args.data = size_bytes == 0 ? kEmpty : data;
+    args.offset = offset_bytes;
+    args.transfer_size = size_bytes;
+    args.is_last_transfer = last;
+    FERRY_RETURN_IF_ERROR(
+        runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
+                        fmt::format("tensor '{}': TransferData", name())));
+    Promise<> taken;
+    OnEventReady(
+        api, args.done_with_h2d_transfer, [taken](Status status) { taken.Set(std::move(status)); },
+        name());
+    if (last) {
+      auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+      ready_args.buffer = parts_.handle->get();
+      Status status = runtime_->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "ReadyEvent");
+      if (!status.ok()) {
+        ready_.Set(std::move(status));
+      } else {
+        OnEventReady(
+            api, ready_args.event,
+            [ready = ready_, token = std::move(token)](Status status) mutable {
+              ready.Set(std::move(status));
+              token.Release();
+            },
+            name());
+      }
+    }
+    return taken.future();
+  }
+
+  void FailBuffer(Status status) override {
+    const PJRT_Api& api = runtime_->api();
+    if (FERRY_PJRT_HAS(runtime_->library(), PJRT_AsyncHostToDeviceTransferManager_SetBufferError)) {
+      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args);
+      args.transfer_manager = manager_;
+      args.buffer_index = 0;
+      args.error_code = PJRT_Error_Code_ABORTED;
+      const std::string message(status.message());
+      args.error_message = message.c_str();
+      args.error_message_size = message.size();
+      ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_SetBufferError(&args),
+                    "SetBufferError")
+          .IgnoreError();
+    }
+    ready_.Set(std::move(status));
+  }
+
+  std::unique_ptr<Buffer> MakeBuffer() override {
+    return std::unique_ptr<Buffer>(new PjrtBuffer(device_, parts_));
+  }
+
+ private:
+  PjrtDevice* const device_;
+  const std::shared_ptr<PjrtRuntime> runtime_;
+  PJRT_AsyncHostToDeviceTransferManager* const manager_;
+  const PjrtBufferParts parts_;
+  Promise<> ready_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<BufferWriter>> PjrtClient::CreateBufferWriter(
+    DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind,
+    std::string_view tensor_name) {
+  FERRY_ASSIGN_OR_RETURN(
+      const WriterPlacement placement,
+      CheckCreateBufferWriterArgs(*this, device_dtype, dims, device, memory_kind, tensor_name));
+  auto* pjrt_device = static_cast<PjrtDevice*>(device);
+  PJRT_Memory* memory = pjrt_device->FindMemory(placement.memory.kind);
+  if (!platform_.has_transfer_manager || memory == nullptr) {
+    return UnimplementedError(fmt::format(
+        "tensor '{}': create-then-fill on {} needs the plugin's transfer manager and memories "
+        "(PJRT API 0.5x+), which {} lacks",
+        tensor_name, device->name(), platform_.plugin_path));
+  }
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  FERRY_RETURN_IF_ERROR(
+      pjrt_device->memory()->Reserve(placement.size_bytes, tensor_name, device->name()));
+  auto accounted = std::make_shared<AccountedBytes>(pjrt_device->memory(), placement.size_bytes);
+  const PJRT_Api& api = runtime_->api();
+  PJRT_ShapeSpec spec{};
+  spec.struct_size = PJRT_ShapeSpec_STRUCT_SIZE;
+  spec.dims = dims.data();
+  spec.num_dims = dims.size();
+  spec.element_type = ToPjrtType(device_dtype);
+  auto create = FERRY_PJRT_ARGS(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args);
+  create.client = runtime_->client();
+  create.shape_specs = &spec;
+  create.num_shape_specs = 1;
+  create.memory = memory;
+  FERRY_RETURN_IF_ERROR(
+      runtime_->Check(api.PJRT_Client_CreateBuffersForAsyncHostToDevice(&create),
+                      fmt::format("tensor '{}': CreateBuffersForAsyncHostToDevice on {}",
+                                  tensor_name, device->name())));
+  auto retrieve = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args);
+  retrieve.transfer_manager = create.transfer_manager;
+  retrieve.buffer_index = 0;
+  if (Status status = runtime_->Check(
+          api.PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&retrieve), "RetrieveBuffer");
+      !status.ok()) {
+    auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
+    args.transfer_manager = create.transfer_manager;
+    ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_Destroy(&args), "Destroy")
+        .IgnoreError();
+    return status;
+  }
+  token.Release();
+  Promise<> ready;
+  PjrtBufferParts parts;
+  parts.handle = std::make_shared<PjrtBufferHandle>(runtime_, retrieve.buffer_out);
+  parts.device_dtype = device_dtype;
+  parts.dims = dims;
+  parts.ready = ready.future();
+  parts.memory_keepalive = accounted;
+  parts.memory_kind = placement.memory.kind;
+  auto writer = std::make_unique<PjrtBufferWriter>(this, pjrt_device, device_dtype, dims, placement,
+                                                   tensor_name, create.transfer_manager,
+                                                   std::move(parts), std::move(ready));
+  writer->Start();
+  return std::unique_ptr<BufferWriter>(std::move(writer));
 }
 
 }  // namespace ferry::pjrt

@@ -62,10 +62,16 @@ struct PjrtPlatformInfo {
   bool has_raw_reads = false;
 };
 
+// One of a device's PJRT memories.
+struct PjrtMemorySpace {
+  std::string kind;
+  PJRT_Memory* memory = nullptr;
+};
+
 class PjrtDevice final : public Device {
  public:
   PjrtDevice(PjrtClient* client, int index, PJRT_Device* device, PJRT_Memory* default_memory,
-             std::string kind, std::vector<std::string> memory_kinds,
+             std::string kind, std::vector<PjrtMemorySpace> memories,
              DeviceCapabilities capabilities);
 
   Client* client() const override;
@@ -74,12 +80,15 @@ class PjrtDevice final : public Device {
   const DeviceCapabilities& capabilities() const override { return capabilities_; }
   int64_t bytes_in_use() const override { return memory_->in_use(); }
   std::string description() const override;
+  // The plugin's addressable memories, its default memory first.
+  std::vector<MemorySpace> memory_spaces() const override;
 
   PJRT_Device* pjrt_device() const { return device_; }
   // The device's default memory space; null when the plugin has no memories (older plugins).
   PJRT_Memory* default_memory() const { return default_memory_; }
   const std::string& kind() const { return kind_; }
-  const std::vector<std::string>& memory_kinds() const { return memory_kinds_; }
+  // The PJRT memory of `kind` (the default for an empty kind); null when there is none.
+  PJRT_Memory* FindMemory(std::string_view kind) const;
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
 
  private:
@@ -89,7 +98,7 @@ class PjrtDevice final : public Device {
   PJRT_Device* const device_;
   PJRT_Memory* const default_memory_;
   const std::string kind_;
-  const std::vector<std::string> memory_kinds_;
+  const std::vector<PjrtMemorySpace> memories_;
   const DeviceCapabilities capabilities_;
   const std::shared_ptr<MemoryAccount> memory_;
 };
@@ -117,6 +126,11 @@ class PjrtClient final : public Client {
                                                          HostBufferSemantics semantics,
                                                          OnDoneWithHostBuffer on_done,
                                                          std::string_view tensor_name) override;
+  // Through the plugin's transfer manager, into the PJRT memory of that kind.
+  StatusOr<std::unique_ptr<BufferWriter>> CreateBufferWriter(DType device_dtype, const Dims& dims,
+                                                             Device* device,
+                                                             std::string_view memory_kind,
+                                                             std::string_view tensor_name) override;
 
   const PjrtPlatformInfo& platform() const { return platform_; }
   const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }

@@ -1,0 +1,102 @@
+// The device API, part 4: create-then-fill. A `BufferWriter` makes a device buffer first and
+// takes its bytes afterwards, in pieces at any offsets and in any order (PJRT's
+// AsyncHostToDeviceTransferManager), so a producer that has the data only piece by piece (a
+// file read in chunks, a converting or strided source streamed through a staging ring, a network
+// receive) never needs a full-size host temporary. Made by `Client::CreateBufferWriter`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "ferry/core/dtype.h"
+#include "ferry/core/future.h"
+#include "ferry/core/host_view.h"
+#include "ferry/core/mutex.h"
+#include "ferry/core/status.h"
+#include "ferry/device/buffer.h"
+
+namespace ferry {
+
+// Ownership: the caller owns the writer; the buffer it hands out (TakeBuffer) is owned by whoever
+// takes it and may outlive the writer. The buffer's Ready() completes once every byte has been
+// written, or with the error that ended the fill: a failed write, Abort(), or the writer destroyed
+// before every byte arrived (Aborted). Bytes are the buffer's dense row-major device bytes, as
+// they are: no conversion (the staging ring does that before it writes).
+// Threads: every method is thread-safe; writes are applied one at a time in the order they take
+// the writer's lock.
+class BufferWriter {
+ public:
+  // Aborts the fill (Aborted, naming the bytes missing) unless every byte has been written.
+  virtual ~BufferWriter();
+  BufferWriter(const BufferWriter&) = delete;
+  BufferWriter& operator=(const BufferWriter&) = delete;
+
+  DType device_dtype() const { return device_dtype_; }
+  const Dims& dims() const { return dims_; }
+  int64_t size_bytes() const { return size_bytes_; }
+  // The memory space the buffer lives in (Device::memory_spaces()).
+  const std::string& memory_kind() const { return memory_kind_; }
+
+  // Copies `size_bytes` bytes from `data` to byte `offset_bytes` of the buffer. The returned future
+  // completes once `data` may be reused (the caller keeps it alive and unchanged until then).
+  // InvalidArgument for a range outside the buffer, a null `data` with a non-empty range, or a
+  // range that overlaps one written before; FailedPrecondition once the fill has ended (complete,
+  // aborted or failed). The write that completes the buffer marks it ready.
+  Future<> Write(int64_t offset_bytes, const void* data, int64_t size_bytes);
+
+  // The buffer, once (FailedPrecondition after that). It may be taken before, during or after
+  // the writes; reads of it wait for Ready().
+  StatusOr<std::unique_ptr<Buffer>> TakeBuffer();
+
+  // Ends the fill with `status` (not OK): the buffer's Ready() completes with it. No-op once the
+  // fill has ended.
+  void Abort(Status status);
+
+  // Bytes written so far.
+  int64_t bytes_written() const;
+
+ protected:
+  BufferWriter(DType device_dtype, Dims dims, int64_t size_bytes, std::string memory_kind,
+               std::string name);
+
+  // The backend's part. WriteBytes copies (or starts copying) one validated, non-overlapping
+  // range and returns when `data` may be reused; `last` is set on the write that completes the
+  // buffer (exactly once, possibly on an empty range for an empty buffer), after which the
+  // backend completes the buffer's Ready(). An error returned here ends the fill (FailBuffer
+  // follows). Called with the writer's lock held: never call back into the writer.
+  virtual StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
+                                        bool last) = 0;
+  // Fails the buffer with `status` (its Ready() completes with it). Called at most once, never
+  // after the `last` write.
+  virtual void FailBuffer(Status status) = 0;
+  // Hands out the buffer (called once).
+  virtual std::unique_ptr<Buffer> MakeBuffer() = 0;
+
+  // Backends call this from their destructor (a virtual call from ~BufferWriter would not reach
+  // them): aborts an unfinished fill.
+  void AbortIfUnfinished();
+  // Backends call this once the writer is made: an empty buffer is complete at once (its one
+  // `last` write is empty).
+  void CompleteIfEmpty();
+
+  const std::string& name() const { return name_; }
+
+ private:
+  const DType device_dtype_;
+  const Dims dims_;
+  const int64_t size_bytes_;
+  const std::string memory_kind_;
+  const std::string name_;
+
+  mutable Mutex mutex_;
+  // Written ranges, [begin, end) keyed by begin, merged when they touch.
+  std::map<int64_t, int64_t> written_ ABSL_GUARDED_BY(mutex_);
+  int64_t bytes_written_ ABSL_GUARDED_BY(mutex_) = 0;
+  bool ended_ ABSL_GUARDED_BY(mutex_) = false;
+  bool taken_ ABSL_GUARDED_BY(mutex_) = false;
+};
+
+}  // namespace ferry

@@ -1,0 +1,116 @@
+#include "ferry/device/buffer_writer.h"
+
+#include <iterator>
+#include <utility>
+
+#include "fmt/format.h"
+
+namespace ferry {
+
+BufferWriter::BufferWriter(DType device_dtype, Dims dims, int64_t size_bytes,
+                           std::string memory_kind, std::string name)
+    : device_dtype_(device_dtype),
+      dims_(std::move(dims)),
+      size_bytes_(size_bytes),
+      memory_kind_(std::move(memory_kind)),
+      name_(std::move(name)) {}
+
+BufferWriter::~BufferWriter() = default;
+
+int64_t BufferWriter::bytes_written() const {
+  MutexLock lock(mutex_);
+  return bytes_written_;
+}
+
+Future<> BufferWriter::Write(int64_t offset_bytes, const void* data, int64_t size_bytes) {
+  if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, data); !status.ok()) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("write to tensor '{}': {}", name_, std::string(status.message()))));
+  }
+  MutexLock lock(mutex_);
+  if (ended_) {
+    return Future<>::Ready(FailedPreconditionError(fmt::format(
+        "write to tensor '{}': its fill has ended (complete, aborted or failed)", name_)));
+  }
+  if (size_bytes == 0) return Future<>::Ready(OkStatus());
+  const int64_t end = offset_bytes + size_bytes;
+  // The first range that ends after this one begins must begin at or after this one's end.
+  auto next = written_.upper_bound(offset_bytes);
+  if (next != written_.begin()) {
+    auto previous = std::prev(next);
+    if (previous->second > offset_bytes) next = previous;
+  }
+  if (next != written_.end() && next->first < end) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("write to tensor '{}': bytes [{}, {}) overlap bytes [{}, {}) written before",
+                    name_, offset_bytes, end, next->first, next->second)));
+  }
+  const bool last = bytes_written_ + size_bytes == size_bytes_;
+  StatusOr<Future<>> written = WriteBytes(offset_bytes, data, size_bytes, last);
+  if (!written.ok()) {
+    ended_ = true;
+    FailBuffer(written.status());
+    return Future<>::Ready(written.status());
+  }
+  // Record the range, merged with its neighbours when they touch.
+  int64_t begin = offset_bytes;
+  int64_t stop = end;
+  auto after = written_.find(end);
+  if (after != written_.end()) {
+    stop = after->second;
+    written_.erase(after);
+  }
+  auto before = written_.lower_bound(offset_bytes);
+  if (before != written_.begin() && std::prev(before)->second == offset_bytes) {
+    --before;
+    begin = before->first;
+    written_.erase(before);
+  }
+  written_[begin] = stop;
+  bytes_written_ += size_bytes;
+  if (last) ended_ = true;
+  return *std::move(written);
+}
+
+StatusOr<std::unique_ptr<Buffer>> BufferWriter::TakeBuffer() {
+  MutexLock lock(mutex_);
+  if (taken_) {
+    return FailedPreconditionError(
+        fmt::format("the buffer of tensor '{}' was taken from its writer already", name_));
+  }
+  taken_ = true;
+  return MakeBuffer();
+}
+
+void BufferWriter::Abort(Status status) {
+  MutexLock lock(mutex_);
+  // FailBuffer runs under the lock so that no write can slip in between.
+  if (ended_) return;
+  ended_ = true;
+  if (status.ok()) status = AbortedError(fmt::format("the fill of tensor '{}' was aborted", name_));
+  FailBuffer(std::move(status));
+}
+
+void BufferWriter::AbortIfUnfinished() {
+  int64_t missing = 0;
+  {
+    MutexLock lock(mutex_);
+    if (ended_) return;
+    missing = size_bytes_ - bytes_written_;
+  }
+  Abort(AbortedError(
+      fmt::format("the writer of tensor '{}' was destroyed with {} of its {} bytes never written",
+                  name_, missing, size_bytes_)));
+}
+
+void BufferWriter::CompleteIfEmpty() {
+  MutexLock lock(mutex_);
+  if (size_bytes_ != 0 || ended_) return;
+  ended_ = true;
+  static const std::byte kNothing{};
+  if (StatusOr<Future<>> done = WriteBytes(0, &kNothing, 0, /*last=*/true); !done.ok()) {
+    FailBuffer(done.status());
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,167 @@
+// Memory spaces (Device::memory_spaces) and create-then-fill (Client::CreateBufferWriter): a
+// buffer made first and written in pieces at any offsets, in any order, held to one contract on
+// every backend.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "conformance_suite.h"
+#include "ferry/device/buffer_writer.h"
+
+namespace ferry::conformance {
+namespace {
+
+class ConformanceWriter : public ConformanceTest {};
+
+TEST_P(ConformanceWriter, EveryDeviceHasOneDefaultMemorySpaceFirst) {
+  for (Device* each : client().devices()) {
+    const std::vector<MemorySpace> spaces = each->memory_spaces();
+    ASSERT_FALSE(spaces.empty()) << each->name();
+    EXPECT_TRUE(spaces.front().is_default) << each->name();
+    EXPECT_EQ(std::count_if(spaces.begin(), spaces.end(),
+                            [](const MemorySpace& space) { return space.is_default; }),
+              1)
+        << each->name();
+    for (const MemorySpace& space : spaces) EXPECT_FALSE(space.kind.empty()) << each->name();
+  }
+}
+
+// Pieces of random sizes written in random order, through every memory space of the device, read
+// back exactly; the buffer becomes ready only with its last piece.
+TEST_P(ConformanceWriter, PiecesInAnyOrderFillTheBufferExactly) {
+  const Dims dims = {129, 33};
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, dims);
+  const int64_t size = source.size();
+  for (const MemorySpace& space : device()->memory_spaces()) {
+    SCOPED_TRACE("memory space " + space.kind);
+    CT_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<BufferWriter> writer,
+        client().CreateBufferWriter(DType::kF32, dims, device(), space.kind, "filled"));
+    EXPECT_EQ(writer->size_bytes(), size);
+    EXPECT_EQ(writer->memory_kind(), space.kind);
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+    EXPECT_EQ(buffer->memory_kind(), space.kind);
+    // Cut [0, size) at random points and write the pieces shuffled.
+    std::vector<int64_t> cuts = {0, size};
+    for (int i = 0; i < 9; ++i) cuts.push_back(static_cast<int64_t>(rng()() % (size + 1)));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) pieces.emplace_back(cuts[i], cuts[i + 1]);
+    std::shuffle(pieces.begin(), pieces.end(), rng());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const auto [begin, end] = pieces[i];
+      // Each piece goes through a temporary that is scribbled over once the write says so.
+      std::vector<std::byte> piece(source.data() + begin, source.data() + end);
+      CT_ASSERT_READY_OK(writer->Write(begin, piece.data(), end - begin));
+      std::fill(piece.begin(), piece.end(), std::byte{0x5a});
+      if (i + 1 < pieces.size()) {
+        EXPECT_FALSE(AwaitFor(buffer->Ready(), std::chrono::milliseconds(0)).has_value())
+            << "ready before its last piece";
+      }
+    }
+    EXPECT_EQ(writer->bytes_written(), size);
+    CT_ASSERT_READY_OK(buffer->Ready());
+    CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> back, ReadBack(*buffer));
+    EXPECT_TRUE(BytesEqual(absl::MakeConstSpan(source.data(), size), back));
+  }
+}
+
+TEST_P(ConformanceWriter, BadWritesAreRefusedAndLeaveTheFillGoing) {
+  alignas(64) float data[64];
+  std::iota(data, data + 64, 1.0f);
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                          client().CreateBufferWriter(DType::kF32, {64}, device(), {}, "w"));
+  CT_ASSERT_READY_OK(writer->Write(0, data, 128));
+  for (const auto& [offset, count] : std::vector<std::pair<int64_t, int64_t>>{
+           {-4, 4}, {250, 8}, {0, 257}, {0, -1}, {124, 8}, {64, 4}, {0, 4}}) {
+    SCOPED_TRACE(testing::Message() << "bytes [" << offset << ", +" << count << ")");
+    const std::optional<Status> status = AwaitFor(writer->Write(offset, data, count));
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->code(), absl::StatusCode::kInvalidArgument) << *status;
+  }
+  const std::optional<Status> null_data = AwaitFor(writer->Write(128, nullptr, 4));
+  ASSERT_TRUE(null_data.has_value());
+  EXPECT_EQ(null_data->code(), absl::StatusCode::kInvalidArgument);
+  // The good half still completes the buffer.
+  CT_ASSERT_READY_OK(writer->Write(128, reinterpret_cast<std::byte*>(data) + 128, 128));
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> back, ReadBack(*buffer));
+  EXPECT_TRUE(BytesEqual(absl::MakeConstSpan(reinterpret_cast<std::byte*>(data), 256), back));
+  // After the last byte the fill has ended; the buffer can be taken once.
+  const std::optional<Status> late = AwaitFor(writer->Write(0, data, 4));
+  ASSERT_TRUE(late.has_value());
+  EXPECT_EQ(late->code(), absl::StatusCode::kFailedPrecondition) << *late;
+  EXPECT_EQ(writer->TakeBuffer().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_P(ConformanceWriter, AnUnfinishedFillFailsTheBufferInsteadOfHanging) {
+  alignas(64) float data[16] = {};
+  std::unique_ptr<Buffer> aborted;
+  std::unique_ptr<Buffer> dropped;
+  {
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                            client().CreateBufferWriter(DType::kF32, {16}, device(), {}, "a"));
+    CT_ASSERT_OK_AND_ASSIGN(aborted, writer->TakeBuffer());
+    CT_ASSERT_READY_OK(writer->Write(0, data, 32));
+    writer->Abort(CancelledError("the producer gave up"));
+    const std::optional<Status> after = AwaitFor(writer->Write(32, data, 32));
+    ASSERT_TRUE(after.has_value());
+    EXPECT_EQ(after->code(), absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                            client().CreateBufferWriter(DType::kF32, {16}, device(), {}, "d"));
+    CT_ASSERT_OK_AND_ASSIGN(dropped, writer->TakeBuffer());
+    CT_ASSERT_READY_OK(writer->Write(8, data, 16));
+  }  // destroyed with 48 of 64 bytes missing
+  const std::optional<Status> aborted_ready = AwaitFor(aborted->Ready());
+  ASSERT_TRUE(aborted_ready.has_value()) << "an aborted fill never completed Ready()";
+  EXPECT_FALSE(aborted_ready->ok());
+  EXPECT_NE(aborted_ready->message().find("the producer gave up"), std::string_view::npos)
+      << *aborted_ready;
+  const std::optional<Status> dropped_ready = AwaitFor(dropped->Ready());
+  ASSERT_TRUE(dropped_ready.has_value()) << "a dropped writer never completed Ready()";
+  EXPECT_FALSE(dropped_ready->ok());
+  EXPECT_NE(dropped_ready->message().find("48 of its 64 bytes"), std::string_view::npos)
+      << *dropped_ready;
+  // Reads of a failed buffer fail too, and never hang.
+  std::vector<float> back(16);
+  const std::optional<Status> read =
+      AwaitFor(dropped->ToHost(MutableHostView::Dense(back.data(), DType::kF32, {16})));
+  ASSERT_TRUE(read.has_value());
+  EXPECT_FALSE(read->ok());
+}
+
+TEST_P(ConformanceWriter, AnEmptyBufferIsReadyAtOnce) {
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                          client().CreateBufferWriter(DType::kF32, {0, 5}, device(), {}, "e"));
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  CT_ASSERT_READY_OK(buffer->Ready());
+  EXPECT_EQ(buffer->size_bytes(), 0);
+}
+
+TEST_P(ConformanceWriter, BadArgumentsAreRefusedBeforeAnythingIsMade) {
+  const std::pair<const char*, StatusOr<std::unique_ptr<BufferWriter>>> cases[] = {
+      {"negative dim", client().CreateBufferWriter(DType::kF32, {4, -1}, device(), {}, "n")},
+      {"no device", client().CreateBufferWriter(DType::kF32, {4}, nullptr, {}, "n")},
+      {"invalid dtype",
+       client().CreateBufferWriter(static_cast<DType>(200), {4}, device(), {}, "n")},
+      {"unknown memory", client().CreateBufferWriter(DType::kF32, {4}, device(), "nowhere", "n")},
+      {"overflow", client().CreateBufferWriter(DType::kF64, {int64_t{1} << 40, int64_t{1} << 30},
+                                               device(), {}, "n")},
+  };
+  for (const auto& [what, result] : cases) {
+    SCOPED_TRACE(what);
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+  }
+  EXPECT_NE(cases[3].second.status().message().find("nowhere"), std::string_view::npos);
+  EXPECT_EQ(device()->bytes_in_use(), 0);
+}
+
+FERRY_INSTANTIATE_CONFORMANCE_SUITE(ConformanceWriter);
+
+}  // namespace
+}  // namespace ferry::conformance
