@@ -124,6 +124,12 @@ Client* GetClient(const std::string& backend) {
 // abandoned at a fork).
 void CheckDeviceUsable(const Device* device) {
   if (device == nullptr) return;
+  if (!device->is_addressable()) {
+    throw StatusError{FailedPreconditionError(fmt::format(
+        "device {} of process {} is not this process's: a process puts to and reads from its own "
+        "devices only (a Sharding over a mesh that holds it sends this process's shards)",
+        device->name(), static_cast<const distributed::RemoteDevice*>(device)->process_index()))};
+  }
   ClientRegistry& registry = Registry();
   ScopedGilRelease unlocked;  // as in GetClient: never the GIL and the mutex at once
   MutexLock lock(registry.mutex);

@@ -67,6 +67,15 @@ def case_load(directory):
     assert all(d.backend == "host" for d in devices)
     assert len(ferry.devices("host")) == 2  # devices() stays local
 
+    remote = [d for d in devices if not d.is_addressable]
+    if remote:
+        try:
+            ferry.device_put(np.zeros(3), remote[0])
+        except ferry.FailedPreconditionError as error:
+            assert "not this process's" in str(error), error
+        else:
+            raise AssertionError("a put to another process's device did not raise")
+
     # 1-d mesh over every device, dim 0 split (uneven), lower ranks replicated.
     mesh = ferry.Mesh(devices, [len(devices)], ["all"])
     loaded = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=0))
