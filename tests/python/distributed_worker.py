@@ -138,6 +138,40 @@ def case_load(directory):
     print(f"rank {me} ok: {checked} shards match numpy slicing", flush=True)
 
 
+def case_spmd(directory):
+    """test_sharding.py's SPMD resolve-and-commit scenario (torch_xla's SPMDLoadPlanner test) with
+    the mesh spanning the processes: each process negates its local shards on the host and commits
+    them as a new array asynchronously, reading the previous array's shards meanwhile."""
+    from ferry import _testing as testing
+
+    testing.set_release_gil(os.environ.get("RELEASE_GIL", "1") == "1")
+    testing.set_deferred_release(os.environ.get("DEFERRED_RELEASE", "1") == "1")
+    devices = ferry.global_devices()
+    mesh = ferry.Mesh(devices, [len(devices)], ["x"])
+    sharding = ferry.Sharding(mesh, ("x", None))
+    x = np.arange(16 * len(devices) * 64, dtype=np.float32).reshape(16 * len(devices), 64)
+    array = ferry.device_put(x, sharding)
+    positions = {d: i for i, d in enumerate(mesh.devices)}
+    repeats = 40
+    for _ in range(repeats):
+        before = array.addressable_shards
+        shards = [None] * len(devices)
+        for shard in before:
+            shards[positions[shard.device]] = -shard.data
+        new = ferry.make_array_from_shards(array.shape, sharding, shards, semantics="async")
+        unchanged = array.addressable_shards
+        for b, u in zip(before, unchanged):
+            assert np.array_equal(b.data, u.data), "shards changed before the commit"
+        after = new.addressable_shards
+        for b, a in zip(before, after):
+            assert np.array_equal(-b.data, a.data), "shards unchanged after the commit"
+        array = new
+    for shard in array.addressable_shards:
+        assert np.array_equal(shard.data, x[shard.index]), "wrong data after the commits"
+    ferry._ferry._barrier("all committed")
+    print(f"rank {ferry.process_index()} ok: {repeats} commits", flush=True)
+
+
 def case_cannot_open(directory):
     # Rank 1 looks in a folder without the file.
     me = ferry.process_index()

@@ -38,6 +38,16 @@ def test_sharded_load_matches_numpy_slicing_on_every_rank(tmp_path, n):
         assert f"rank {rank} ok:" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.parametrize("release_gil,deferred_release", [("1", "1"), ("1", "0"), ("0", "1")],
+                         ids=["both_defences", "only_gil_release", "only_deferred_release"])
+def test_spmd_resolve_and_commit_with_local_shards_across_processes(tmp_path, release_gil,
+                                                                     deferred_release):
+    result, _ = mpiexec(2, "spmd", tmp_path, RELEASE_GIL=release_gil,
+                        DEFERRED_RELEASE=deferred_release)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 0 ok: 40 commits" in result.stdout and "rank 1 ok: 40 commits" in result.stdout
+
+
 def test_a_rank_that_cannot_open_the_file_fails_every_rank_with_the_same_error(tmp_path):
     result, _ = mpiexec(2, "cannot_open", tmp_path)
     assert result.returncode != 0
