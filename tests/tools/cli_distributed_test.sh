@@ -57,6 +57,17 @@ check "converted --verify" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" 
 expect_output "float32 stored as bfloat16" "lm_head.weight .*float32 -> bfloat16" "$work/out"
 expect_output "lossy conversion reported" "differs (lossy conversion)" "$work/out"
 
+# Every backend that starts here (OpenCL on PoCL, the XLA CPU PJRT plugin): one client per process.
+for backend in opencl pjrt; do
+  if "$ferry" devices 2>/dev/null | grep -q "^$backend:0 "; then
+    check "-n 2 --mesh all:$backend --verify" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
+      --mesh all:$backend --shard-dim 1 --verify
+    expect_output "$backend: verified" "every tensor's global checksum matches the file" "$work/out"
+  else
+    echo "skip: no $backend device on this machine"
+  fi
+done
+
 # Rank 1 runs in a folder without the file: every rank fails with the same error naming rank 1.
 mkdir -p "$work/r0" "$work/r1"
 cp "$work/s.safetensors" "$work/r0/"
