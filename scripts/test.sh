@@ -36,6 +36,8 @@ scripts/build.sh plain
 run_ctest plain
 echo "=== README example ==="
 build/plain/ferry_quickstart
+echo "=== CMake package: cmake --install, find_package(ferry), add_subdirectory ==="
+scripts/test_cmake_package.sh build/plain
 
 echo "=== build (asan) ==="
 scripts/build.sh asan

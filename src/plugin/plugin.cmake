@@ -12,7 +12,7 @@ add_library(ferry_pjrt_plugin MODULE
 set_target_properties(ferry_pjrt_plugin PROPERTIES PREFIX "" OUTPUT_NAME ferry_pjrt_plugin)
 target_include_directories(ferry_pjrt_plugin PRIVATE ${PROJECT_SOURCE_DIR})
 target_include_directories(ferry_pjrt_plugin SYSTEM PRIVATE "${FERRY_PJRT_C_API_INCLUDE_DIR}")
-target_link_libraries(ferry_pjrt_plugin PRIVATE ferry ${CMAKE_DL_LIBS})
+target_link_libraries(ferry_pjrt_plugin PRIVATE ferry ferry_build_options ${CMAKE_DL_LIBS})
 # Only GetPjrtApi is exported: the copy of ferry (and abseil, fmt) inside the plugin stays private,
 # so it never interposes on the copy in ferry's Python module or in the process.
 target_link_options(ferry_pjrt_plugin PRIVATE
@@ -31,8 +31,8 @@ if(FERRY_BUILD_TESTS)
   add_executable(ferry_plugin_tests tests/plugin/ferry_pjrt_plugin_test.cc)
   target_include_directories(ferry_plugin_tests PRIVATE ${PROJECT_SOURCE_DIR})
   target_include_directories(ferry_plugin_tests SYSTEM PRIVATE "${FERRY_PJRT_C_API_INCLUDE_DIR}")
-  target_link_libraries(ferry_plugin_tests PRIVATE ferry GTest::gtest GTest::gtest_main
-                                                   ${CMAKE_DL_LIBS})
+  target_link_libraries(ferry_plugin_tests PRIVATE ferry ferry_build_options GTest::gtest
+                                                   GTest::gtest_main ${CMAKE_DL_LIBS})
   target_compile_definitions(ferry_plugin_tests PRIVATE
     FERRY_PJRT_PLUGIN_PATH="$<TARGET_FILE:ferry_pjrt_plugin>")
   add_dependencies(ferry_plugin_tests ferry_pjrt_plugin)
