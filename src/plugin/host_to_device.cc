@@ -1,8 +1,10 @@
 #include "src/plugin/host_to_device.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <type_traits>
 
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
@@ -27,6 +29,15 @@ bool IsZeroCopy(PJRT_HostBufferSemantics semantics) {
          semantics == PJRT_HostBufferSemantics_kMutableZeroCopy;
 }
 
+// The value a caller stored in a C enum field, read as an integer: a value outside the enum may not
+// be read as the enum type (UBSan: "not a valid value for type").
+template <typename Enum>
+int64_t RawValue(const Enum& field) {
+  std::underlying_type_t<Enum> value;
+  std::memcpy(&value, &field, sizeof(value));
+  return static_cast<int64_t>(value);
+}
+
 // Everything the XLA plugins crash on (../shared/REFERENCE.md), and what ferry itself needs to
 // read the source safely. Sets `num_elements`.
 Status Check(const PJRT_Client_BufferFromHostBuffer_Args& args, int64_t& num_elements) {
@@ -36,10 +47,10 @@ Status Check(const PJRT_Client_BufferFromHostBuffer_Args& args, int64_t& num_ele
         kWhat, args.struct_size));
   }
   if (args.client == nullptr) return InvalidArgumentError(fmt::format("{}: null client", kWhat));
-  if (!IsKnownPjrtType(args.type)) {
+  if (!IsKnownPjrtType(RawValue(args.type))) {
     return InvalidArgumentError(fmt::format(
         "{}: element type {} is not a valid PJRT_Buffer_Type (TOKEN and INVALID hold no data)",
-        kWhat, static_cast<int>(args.type)));
+        kWhat, RawValue(args.type)));
   }
   if (args.num_dims > 0 && args.dims == nullptr) {
     return InvalidArgumentError(
@@ -61,15 +72,13 @@ Status Check(const PJRT_Client_BufferFromHostBuffer_Args& args, int64_t& num_ele
   if (args.device == nullptr && args.memory == nullptr) {
     return InvalidArgumentError(fmt::format("{}: neither a device nor a memory", kWhat));
   }
-  switch (args.host_buffer_semantics) {
-    case PJRT_HostBufferSemantics_kImmutableOnlyDuringCall:
-    case PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes:
-    case PJRT_HostBufferSemantics_kImmutableZeroCopy:
-    case PJRT_HostBufferSemantics_kMutableZeroCopy:
-      break;
-    default:
-      return InvalidArgumentError(fmt::format("{}: unknown host_buffer_semantics {}", kWhat,
-                                              static_cast<int>(args.host_buffer_semantics)));
+  const int64_t semantics = RawValue(args.host_buffer_semantics);
+  if (semantics != PJRT_HostBufferSemantics_kImmutableOnlyDuringCall &&
+      semantics != PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes &&
+      semantics != PJRT_HostBufferSemantics_kImmutableZeroCopy &&
+      semantics != PJRT_HostBufferSemantics_kMutableZeroCopy) {
+    return InvalidArgumentError(
+        fmt::format("{}: unknown host_buffer_semantics {}", kWhat, semantics));
   }
   return OkStatus();
 }

@@ -4,11 +4,10 @@
 
 namespace ferry::plugin {
 
-bool IsKnownPjrtType(PJRT_Buffer_Type type) {
+bool IsKnownPjrtType(int64_t value) {
   // The last enumerator of ferry's header (API 0.81).
-  constexpr int kLastType = PJRT_Buffer_Type_F4E2M1FN;
-  const int value = static_cast<int>(type);
-  return value > PJRT_Buffer_Type_INVALID && value <= kLastType && type != PJRT_Buffer_Type_TOKEN;
+  constexpr int64_t kLastType = PJRT_Buffer_Type_F4E2M1FN;
+  return value > PJRT_Buffer_Type_INVALID && value <= kLastType && value != PJRT_Buffer_Type_TOKEN;
 }
 
 std::optional<DType> FromPjrtType(PJRT_Buffer_Type type) {

@@ -1,6 +1,7 @@
 // The element types ferry's plugin reads from its callers.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "ferry/core/dtype.h"
@@ -12,7 +13,8 @@ namespace ferry::plugin {
 // header names, without TOKEN. The XLA plugins crash on INVALID, TOKEN and values outside the
 // enum, so nothing else reaches them. (A type newer than ferry's header is refused too, even where
 // a newer wrapped plugin would know it.)
-bool IsKnownPjrtType(PJRT_Buffer_Type type);
+// `value` is the raw integer the caller stored (a value outside the enum may not be read as one).
+bool IsKnownPjrtType(int64_t value);
 
 // The ferry dtype of `type` (the inverse of the pjrt backend's ToPjrtType); nullopt for the
 // types ferry has no dtype for (4-bit and 2-bit integers and floats, the other float8 variants):

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -130,6 +131,13 @@ class Client {
   PJRT_Device* device_ = nullptr;
 };
 
+// Stores a value outside a C enum the way a buggy caller would (converting it to the enum type
+// would be undefined behaviour here already).
+template <typename Enum>
+void SetRaw(Enum& field, std::underlying_type_t<Enum> value) {
+  std::memcpy(&field, &value, sizeof(value));
+}
+
 class FerryPjrtPluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -187,7 +195,7 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
   cases.push_back({"no device, no memory", base(), "neither a device nor a memory"});
   cases.back().args.device = nullptr;
   cases.push_back({"invalid type", base(), "not a valid PJRT_Buffer_Type"});
-  cases.back().args.type = static_cast<PJRT_Buffer_Type>(1000);
+  SetRaw(cases.back().args.type, 1000);
   cases.push_back({"INVALID type", base(), "not a valid PJRT_Buffer_Type"});
   cases.back().args.type = PJRT_Buffer_Type_INVALID;
   cases.push_back({"TOKEN", base(), "not a valid PJRT_Buffer_Type"});
@@ -199,7 +207,7 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
   cases.push_back({"null client", base(), "null client"});
   cases.back().args.client = nullptr;
   cases.push_back({"semantics", base(), "unknown host_buffer_semantics"});
-  cases.back().args.host_buffer_semantics = static_cast<PJRT_HostBufferSemantics>(77);
+  SetRaw(cases.back().args.host_buffer_semantics, 77);
   for (Case& c : cases) {
     std::string error = Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&c.args));
     EXPECT_NE(error.find("ferry_pjrt_plugin"), std::string::npos) << c.name << ": " << error;
