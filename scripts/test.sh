@@ -54,6 +54,8 @@ TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan_suppressions.txt" \
 echo "=== Python package (pip install . into .venv) and pytest ==="
 CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$python" -m pip install -q --no-build-isolation \
   --no-deps --disable-pip-version-check "$root"
+# The `ferry` command that pip put beside the interpreter runs the package's program.
+"$(dirname "$python")/ferry" --version
 # FERRY_BENCH: the bench's --peers run is tested end to end too (tests/python/test_bench_peers.py).
 (cd "$root/tests/python" &&
   FERRY_BENCH="$root/build/plain/ferry-bench" "$python" -m pytest -q -p no:cacheprovider)

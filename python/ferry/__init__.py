@@ -26,13 +26,19 @@ from . import _ferry  # noqa: E402
 from ._ferry import Device  # noqa: E402
 from . import distributed  # noqa: E402
 
+__version__: str = _ferry.__version__
+
 __all__ = [
+    "ALIGNMENT",
     "Array",
     "Device",
     "Error",
+    "AbortedError",
+    "AlreadyExistsError",
     "CancelledError",
     "DeadlineExceededError",
     "DataLossError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
@@ -44,8 +50,11 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "TensorFile",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
+    "UnknownError",
+    "empty",
     "device",
     "device_get",
     "device_put",
@@ -73,57 +82,73 @@ class Error(Exception):
 
 
 class InvalidArgumentError(Error, ValueError):
-    pass
+    """An argument ferry cannot use: a bad dtype, shape, stride, sharding, name or file."""
 
 
 class OutOfRangeError(Error, IndexError):
-    pass
+    """An index or range outside what it applies to."""
 
 
 class NotFoundError(Error, LookupError):
-    pass
+    """Something named does not exist: a file, a device, a backend, a plugin."""
 
 
 class ResourceExhaustedError(Error, MemoryError):
-    pass
+    """Out of device or host memory (or of a memory limit)."""
 
 
 class PermissionDeniedError(Error, PermissionError):
-    pass
+    """The operating system refused access (a file)."""
 
 
 class FailedPreconditionError(Error, RuntimeError):
-    pass
+    """The call does not fit the state: a deleted array, a client that is gone."""
 
 
 class UnavailableError(Error, RuntimeError):
-    pass
+    """A backend that cannot start here (no OpenCL runtime, no PJRT plugin)."""
 
 
 class UnimplementedError(Error, NotImplementedError):
-    pass
+    """An operation this backend or dtype does not support."""
 
 
 class CancelledError(Error, RuntimeError):
-    pass
+    """A transfer cancelled (its client shut down, or the call was interrupted)."""
 
 
 class InternalError(Error, RuntimeError):
-    pass
+    """A bug in ferry or in a device runtime: please report it."""
 
 
 class DataLossError(Error, RuntimeError):
     """Data that was read is not what it should be (a tensor file truncated while mapped)."""
 
 
+class UnknownError(Error, RuntimeError):
+    """An error of no known kind (a device runtime's error ferry could not classify)."""
+
+
 class DeadlineExceededError(Error, TimeoutError):
     """A multi-process collective call waited longer than FERRY_DISTRIBUTED_TIMEOUT_S."""
+
+
+class AlreadyExistsError(Error, FileExistsError):
+    """Something to be created exists already."""
+
+
+class AbortedError(Error, RuntimeError):
+    """An operation aborted by a conflict (a device runtime's ABORTED)."""
+
+
+class UnauthenticatedError(Error, PermissionError):
+    """A device runtime refused the caller's credentials."""
 
 
 # absl::StatusCode values.
 _ERROR_CLASSES = {
     1: CancelledError,
-    2: Error,  # UNKNOWN
+    2: UnknownError,
     4: DeadlineExceededError,
     3: InvalidArgumentError,
     5: NotFoundError,
@@ -135,6 +160,9 @@ _ERROR_CLASSES = {
     13: InternalError,
     14: UnavailableError,
     15: DataLossError,
+    6: AlreadyExistsError,
+    10: AbortedError,
+    16: UnauthenticatedError,
 }
 for _code, _cls in _ERROR_CLASSES.items():
     _ferry._register_error(_code, _cls)
@@ -158,12 +186,20 @@ _VIEWED_AS_UINT = {
     np.dtype(ml_dtypes.float8_e5m2): ("float8_e5m2", np.uint8),
 }
 _SEMANTICS = ("copy", "async", "zero_copy")
+_NUMPY_DTYPE_SET = set(_NUMPY_DTYPES.values())
 
 
 def _dtype_name(dtype: Any) -> str:
-    """ferry's name for a numpy dtype, an ml_dtypes type or a name."""
+    """ferry's name for a numpy dtype, an ml_dtypes type, a torch dtype (torch.bfloat16) or a
+    name."""
     if isinstance(dtype, str) and dtype in _NUMPY_DTYPES:
         return dtype
+    if type(dtype).__module__ == "torch" and type(dtype).__name__ == "dtype":
+        name = str(dtype).removeprefix("torch.")
+        name = {"half": "float16", "float": "float32", "double": "float64"}.get(name, name)
+        if name in _NUMPY_DTYPES:
+            return name
+        raise InvalidArgumentError(f"torch dtype {dtype} has no ferry equivalent")
     try:
         numpy_dtype = np.dtype(dtype)
     except TypeError as error:
@@ -196,18 +232,68 @@ def _resolve_lazy_views(x: Any) -> Any:
     return x
 
 
-def _prepare(x: Any) -> tuple[Any, str | None]:
-    """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself."""
-    if isinstance(x, np.generic):  # a numpy scalar: a 0-d array without a copy of note
+def _has_buffer(x: Any) -> bool:
+    try:
+        memoryview(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_movable(x: Any, where: str) -> None:
+    """An error naming the real cause for inputs that cannot be moved (instead of the DLPack or
+    buffer error they would raise further down)."""
+    is_deleted = getattr(x, "is_deleted", None)
+    if type(x).__module__.startswith("jax") and callable(is_deleted) and is_deleted():
+        raise InvalidArgumentError(f"{where}: the jax array has been deleted (donated or .delete())")
+    if type(x).__module__ == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
+        if getattr(x, "is_meta", False):
+            raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
+        layout = str(getattr(x, "layout", "torch.strided"))
+        if layout != "torch.strided":
+            raise InvalidArgumentError(
+                f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
+                "first (.to_dense())")
+
+
+def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
+    """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself.
+    `where` names the input in errors ("item 3")."""
+    if isinstance(x, (np.generic, bool, int, float, complex)):  # a scalar: a 0-d array
         x = np.asarray(x)
+    _check_movable(x, where)
     x = _resolve_lazy_views(x)
+    if isinstance(x, Array):
+        raise InvalidArgumentError(f"{where}: a ferry.Array: read it with device_get first")
+    if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
+            and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
+        x = np.asarray(x)  # an object that numpy alone can read
     if isinstance(x, np.ndarray):
         viewed = _VIEWED_AS_UINT.get(x.dtype)
         if viewed is not None:
             return x.view(viewed[1]), viewed[0]
-    elif isinstance(x, Array):
-        raise InvalidArgumentError("device_put of a ferry.Array: read it with device_get first")
+        if x.dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET:
+            raise InvalidArgumentError(
+                f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
+                f"{', '.join(_NUMPY_DTYPES)})")
     return x, None
+
+
+def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
+    """Appends the leaves of a pytree (nested lists, tuples, named tuples and dicts; anything else
+    is a leaf) to `leaves`, in order; returns the function that rebuilds the same structure from an
+    iterator over new leaves."""
+    if isinstance(tree, dict):
+        keys = list(tree)
+        builders = [_flatten(tree[key], leaves) for key in keys]
+        return lambda it: type(tree)(zip(keys, [build(it) for build in builders]))
+    if isinstance(tree, (list, tuple)):
+        builders = [_flatten(item, leaves) for item in tree]
+        if hasattr(tree, "_fields"):  # a named tuple
+            return lambda it: type(tree)(*[build(it) for build in builders])
+        return lambda it: type(tree)([build(it) for build in builders])
+    leaves.append(tree)
+    return lambda it: next(it)
 
 
 class Mesh:
@@ -219,14 +305,17 @@ class Mesh:
 
     @property
     def devices(self) -> list[Device]:
+        """The devices, in row-major grid order."""
         return list(self._mesh.devices)
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The grid's size along each axis."""
         return tuple(self._mesh.shape)
 
     @property
     def axis_names(self) -> tuple[str, ...]:
+        """The axes' names, in the order of `shape`."""
         return tuple(self._mesh.axis_names)
 
     def __repr__(self) -> str:
@@ -242,14 +331,20 @@ class Sharding:
     def __init__(self, mesh: Mesh, spec: Sequence[str | Sequence[str] | None]):
         if not isinstance(mesh, Mesh):
             raise InvalidArgumentError(f"Sharding needs a ferry.Mesh, not {type(mesh).__name__}")
+        if isinstance(spec, str):
+            spec = (spec,)  # one axis name: the first dimension split over that mesh axis
+        if not isinstance(spec, Sequence):
+            raise InvalidArgumentError(
+                f"a Sharding spec is a sequence with one entry per tensor dimension (a mesh axis "
+                f"name, a tuple of names or None), not {type(spec).__name__} {spec!r}")
         entries = []
-        for entry in spec:
-            if entry is None:
-                entries.append([])
-            elif isinstance(entry, str):
-                entries.append([entry])
-            else:
-                entries.append([str(name) for name in entry])
+        for dim, entry in enumerate(spec):
+            names = [] if entry is None else [entry] if isinstance(entry, str) else entry
+            if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+                raise InvalidArgumentError(
+                    f"Sharding spec entry {dim} is {entry!r}: each entry is a mesh axis name "
+                    f"(one of {list(mesh.axis_names)}), a tuple of names or None")
+            entries.append(list(names))
         self.mesh = mesh
         self.spec = tuple(spec)
         self._sharding = _ferry._Sharding(mesh._mesh, entries)
@@ -267,14 +362,17 @@ class Sharding:
 
 @dataclass(frozen=True)
 class Shard:
-    """One mesh device's part of a sharded Array, read back to the host."""
+    """One mesh device's part of a sharded Array, read back to the host (an unsharded Array has
+    one shard: all of it). `device_dtype` is what that device stores."""
 
     device: Device
     index: tuple[slice, ...]
     data: np.ndarray
+    device_dtype: str | None = None
 
 
 Array = _ferry.Array
+Array.__module__ = "ferry"
 
 
 def _array_dtype(self: Array) -> np.dtype:
@@ -288,22 +386,67 @@ def _array_to_numpy(self: Array) -> np.ndarray:
 
 
 def _array_block_until_ready(self: Array) -> Array:
+    """Waits until every transfer into the array has finished (raising its error, if any);
+    returns the array."""
     self._block_until_ready()
     return self
 
 
 def _array_array(self: Array, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+    """numpy's array protocol (numpy 2): the data read into a new array, so copy=False (which asks
+    numpy never to copy) raises ValueError, as the protocol requires."""
+    if copy is False:
+        raise ValueError(
+            "a ferry.Array's data is on a device: numpy cannot use it without a copy "
+            "(numpy.array(a, copy=False)); use numpy.asarray(a) or a.to_numpy()")
     result = self.to_numpy()
     return result if dtype is None else result.astype(dtype, copy=False)
 
 
+def _device_dtype_text(self: Array) -> str:
+    """The device dtype, or each distinct one of the shards ("float16/float32") on a mesh whose
+    devices store different ones."""
+    names = list(dict.fromkeys(self.shard_device_dtypes))
+    return "/".join(names)
+
+
 def _array_repr(self: Array) -> str:
-    if self.is_deleted:
+    if self.is_deleted():
         return "ferry.Array(<deleted>)"
+    if self._is_sharded:
+        return (
+            f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
+            f"device_dtype={_device_dtype_text(self)}, sharding={self.sharding!r}, "
+            f"devices=[{', '.join(d.name for d in self.devices)}])"
+        )
     return (
         f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
         f"device_dtype={self.device_dtype}, device={self.device.name})"
     )
+
+
+def _reduce_array(array: Array) -> tuple[Any, tuple[Any, ...]]:
+    """Array.__reduce__: through the host (the data as numpy), then put back where it was."""
+    data = array.to_numpy()
+    if array._is_sharded:
+        sharding = array.sharding
+        mesh = sharding.mesh
+        placement = ([d.name for d in mesh.devices], mesh.shape, mesh.axis_names, sharding.spec)
+    else:
+        placement = array.device.name
+    return _unpickle_array, (data, placement, array.shard_device_dtypes)
+
+
+def _unpickle_array(data: np.ndarray, placement: Any, shard_device_dtypes: list[str]) -> Array:
+    """Puts unpickled data back on the device (or mesh) of the same name(s), each device storing
+    the dtype it stored before (when they all agreed; else each device's profile decides)."""
+    dtypes = set(shard_device_dtypes)
+    device_dtype = dtypes.pop() if len(dtypes) == 1 else None
+    if isinstance(placement, str):
+        return device_put(data, placement, device_dtype=device_dtype)
+    names, shape, axis_names, spec = placement
+    sharding = Sharding(Mesh(names, shape, axis_names), spec)
+    return device_put(data, sharding, device_dtype=device_dtype)
 
 
 def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, int] | None = None,
@@ -319,6 +462,8 @@ def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, in
     copy=False: then a versioned capsule flagged READ_ONLY aliases it, and an unversioned one
     (which cannot carry the flag) is refused with BufferError. Never a writable alias.
     """
+    if self._is_sharded:
+        raise UnimplementedError("DLPack export of a sharded array: use local_shards()")
     if not _host_addressable(self.device):
         raise UnimplementedError(
             f"__dlpack__ is only supported on devices whose memory the host addresses, not {self.device.name}")
@@ -337,6 +482,8 @@ def _host_addressable(device: Device) -> bool:
 
 
 def _array_dlpack_device(self: Array) -> tuple[int, int]:
+    if self._is_sharded:
+        raise UnimplementedError("DLPack export of a sharded array: use local_shards()")
     if not _host_addressable(self.device):
         raise UnimplementedError(
             "__dlpack_device__ is only supported on devices whose memory the host addresses")
@@ -345,30 +492,27 @@ def _array_dlpack_device(self: Array) -> tuple[int, int]:
 
 def _array_local_shards(self: Array) -> list[Shard]:
     """This process's shards (one per mesh device of this process, in mesh order) read back; all
-    reads start before any wait. In one process: every shard."""
+    reads start before any wait. In one process: every shard. An unsharded array has one shard:
+    all of it, on its device."""
+    if not self._is_sharded:
+        return [Shard(self.device, tuple(slice(0, n) for n in self.shape), self.to_numpy(),
+                      self.device_dtype)]
     logical = _NUMPY_DTYPES[self._dtype_name]
     shards = []
-    for device, ranges, data in self._local_shards():
+    for (device, ranges, data), device_dtype in zip(self._local_shards(), self.shard_device_dtypes):
         if data.dtype != logical:
             data = data.view(logical)
-        shards.append(Shard(device, tuple(slice(b, e) for b, e in ranges), data))
+        shards.append(Shard(device, tuple(slice(b, e) for b, e in ranges), data, device_dtype))
     return shards
 
 
 def _array_sharding(self: Array) -> Sharding | None:
+    """The ferry.Sharding of a sharded array; None for an array on one device."""
     return getattr(self, "_python_sharding", None) if self._is_sharded else None
 
 
-Array.local_shards = _array_local_shards
-Array.addressable_shards = property(_array_local_shards, doc=_array_local_shards.__doc__)
-Array.sharding = property(_array_sharding)
-Array.dtype = property(_array_dtype)
-Array.to_numpy = _array_to_numpy
-Array.block_until_ready = _array_block_until_ready
-Array.__array__ = _array_array
-Array.__repr__ = _array_repr
-Array.__dlpack__ = _array_dlpack
-Array.__dlpack_device__ = _array_dlpack_device
+# The Array methods above (`_array_*`) are defined on the class itself in src/python/module.cc,
+# with their signatures and docstrings (help(ferry.Array), the _ferry.pyi stub).
 
 
 def devices(backend: str | None = None) -> list[Device]:
@@ -415,32 +559,47 @@ def device_put(
     device_dtype: Any = None,
     semantics: str = "copy",
 ) -> Array | list[Array]:
-    """Puts `x` (or each item of a list/tuple, in one batched call) on `device`.
+    """Puts `x` on `device`: one array, or every leaf of a pytree (nested lists, tuples and dicts
+    of arrays, as JAX takes them) in one batched call, returned in the same structure.
 
-    `x` is a numpy array, a buffer-protocol object or a DLPack producer (a torch tensor, a JAX
+    A leaf is a numpy array, a buffer-protocol object, a DLPack producer (a torch tensor, a JAX
+    array), an object numpy can read (`__array__`, `__array_interface__`) or a Python scalar (a 0-d
     array). `device` may be a Sharding: then each mesh device gets its shard, sent from a strided
-    view of `x` (no host copy). `device_dtype` asks the device to store another type; the result keeps `x`'s dtype as
-    its logical dtype. `semantics` is "copy" (the default: `x` has been read when this returns),
-    "async" (returns at once; ferry holds `x` until it has read it; do not change `x` meanwhile) or
-    "zero_copy" (the host device may alias `x` for the array's life; otherwise as "async").
+    view of `x` (no host copy). `device_dtype` asks the device to store another type (a name, a
+    numpy, ml_dtypes or torch dtype), for every leaf, or per leaf as a pytree of the same structure
+    (None: the device's profile decides); the result keeps each leaf's dtype as its logical dtype.
+    `semantics` is "copy" (the default: `x` has been read when this returns), "async" (returns at
+    once; ferry holds `x` until it has read it; do not change `x` meanwhile) or "zero_copy" (the
+    host device may alias `x` for the array's life; otherwise as "async"). An input that cannot be
+    moved raises an error naming the cause and, in a batch, the item's index.
     """
     if semantics not in _SEMANTICS:
         raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
-    batched = isinstance(x, (list, tuple))
-    items = list(x) if batched else [x]
+    items: list[Any] = []
+    rebuild = _flatten(x, items)
+    batched = not (len(items) == 1 and items[0] is x)
     objects, overrides = [], []
-    for item in items:
-        obj, override = _prepare(item)
+    for index, item in enumerate(items):
+        obj, override = _prepare(item, f"item {index}" if batched else "the array")
         objects.append(obj)
         overrides.append(override)
-    name = None if device_dtype is None else _dtype_name(device_dtype)
+    if isinstance(device_dtype, (list, tuple, dict)):
+        requested: list[Any] = []
+        _flatten(device_dtype, requested)
+        if len(requested) != len(items):
+            raise InvalidArgumentError(
+                f"device_dtype has {len(requested)} entries for {len(items)} arrays: give one "
+                "dtype, or one per array in the same structure")
+        names = [None if d is None else _dtype_name(d) for d in requested]
+    else:
+        names = [None if device_dtype is None else _dtype_name(device_dtype)] * len(items)
     if isinstance(device, Sharding):
         if batched:
             raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
-        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, name, semantics)
+        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, names[0], semantics)
         return _with_sharding(array, device)
-    arrays = _ferry.put(objects, overrides, _resolve_device(device), name, semantics)
-    return arrays if batched else arrays[0]
+    arrays = _ferry.put_each(objects, overrides, _resolve_device(device), names, semantics)
+    return rebuild(iter(arrays)) if batched else arrays[0]
 
 
 def _with_sharding(array: Array, sharding: Sharding) -> Array:
@@ -553,19 +712,23 @@ def make_array_from_process_local_data(
     return make_array_from_callback(global_shape, sharding, local_part, dtype=local.dtype)
 
 
-def device_get(x: Array | Sequence[Array]) -> np.ndarray | list[np.ndarray]:
-    """The data of an Array (or of each in a list: every read starts before any wait) as numpy."""
-    batched = isinstance(x, (list, tuple))
-    arrays = list(x) if batched else [x]
-    for item in arrays:
+def device_get(x: Any) -> Any:
+    """The data of an Array as numpy, or of every Array in a pytree (nested lists, tuples and
+    dicts), returned in the same structure: every read starts before any wait."""
+    arrays: list[Any] = []
+    rebuild = _flatten(x, arrays)
+    batched = not (len(arrays) == 1 and arrays[0] is x)
+    for index, item in enumerate(arrays):
         if not isinstance(item, Array):
-            raise InvalidArgumentError(f"device_get takes ferry.Array objects, not {type(item).__name__}")
+            where = f"item {index} is" if batched else "not"
+            raise InvalidArgumentError(
+                f"device_get takes ferry.Array objects ({where} a {type(item).__name__})")
     raw = _ferry.get(arrays)
     results = []
     for array, data in zip(arrays, raw):
         logical = _NUMPY_DTYPES[array._dtype_name]
         results.append(data if data.dtype == logical else data.view(logical))
-    return results if batched else results[0]
+    return rebuild(iter(results)) if batched else results[0]
 
 
 def from_dlpack(obj: Any, device: Device | str | None = None) -> Array:
@@ -600,6 +763,7 @@ class TensorFile(Mapping):
 
     @property
     def path(self) -> str:
+        """The path the file was opened from."""
         return self._path
 
     @property
@@ -850,8 +1014,27 @@ def metrics() -> dict[str, float]:
 
 
 def metrics_report() -> str:
+    """Every metric as text: counters, and value metrics with their percentiles."""
     return _ferry.metrics_report()
 
 
 def reset_metrics() -> None:
+    """Sets every counter and value metric back to zero."""
     _ferry.reset_metrics()
+
+
+ALIGNMENT = 64
+"""Bytes to which host memory must be aligned for the host device to alias it (zero_copy)."""
+
+
+def empty(shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
+    """A new, uninitialised, writable numpy array whose data starts on an ALIGNMENT (64-byte)
+    boundary: fill it, then `device_put(a, semantics="zero_copy")` lets the host device alias it
+    rather than copy it (check `Array.is_alias`). numpy's own arrays are only 16-byte aligned, so
+    a zero_copy put of one falls back to a copy whenever its address is not a multiple of 64."""
+    shape_tuple = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    numpy_dtype = _NUMPY_DTYPES[_dtype_name(dtype)]
+    nbytes = numpy_dtype.itemsize * int(np.prod(shape_tuple, dtype=np.int64))
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    offset = -raw.ctypes.data % ALIGNMENT
+    return raw[offset:offset + nbytes].view(numpy_dtype).reshape(shape_tuple)

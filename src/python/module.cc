@@ -27,6 +27,7 @@
 #include "ferry/io/mapped_file.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
+#include "ferry/version.h"
 #include "fmt/format.h"
 #include "src/python/distributed.h"
 #include "src/python/gil.h"
@@ -199,6 +200,18 @@ HostBufferSemantics ParseSemantics(const std::string& semantics) {
       fmt::format("semantics must be 'copy', 'async' or 'zero_copy', got '{}'", semantics))};
 }
 
+// A function of the `ferry` package (python/ferry/__init__.py): the Array methods written in
+// Python are defined on the class here and call it.
+nb::object PythonHelper(const char* name) { return nb::module_::import_("ferry").attr(name); }
+
+// copy_to_host_async(): reads started ahead of to_numpy(), into a tensor in the logical dtype.
+// The reads hold this state (and so the tensor) until the last one has finished, even if the
+// array is gone by then.
+struct HostCopy {
+  HostTensor tensor;
+  Future<> done;
+};
+
 // A device array: one Data handle, or a tensor sharded over a mesh.
 class Array {
  public:
@@ -252,6 +265,32 @@ class Array {
     return std::string(DTypeName(sharded_ ? sharded_->logical_dtype() : data_->logical_dtype()));
   }
   std::string device_dtype() const { return std::string(DTypeName(data()->device_dtype())); }
+  // Each shard's device dtype (one entry for an unsharded array), in mesh order.
+  std::vector<std::string> shard_device_dtypes() const {
+    std::vector<std::string> names;
+    for (const DataPtr& handle : handles()) names.emplace_back(DTypeName(handle->device_dtype()));
+    return names;
+  }
+  const Dims& dims() const {
+    CheckAlive();
+    return sharded_ ? sharded_->global_dims() : data_->dims();
+  }
+  int64_t size() const {
+    int64_t count = 1;
+    for (int64_t dim : dims()) count *= dim;
+    return count;
+  }
+  // Bytes of the logical (source) dtype: what to_numpy() returns, as numpy's nbytes.
+  int64_t nbytes() const {
+    return size() * DTypeSize(sharded_ ? sharded_->logical_dtype() : data_->logical_dtype());
+  }
+  int64_t length() const {
+    if (dims().empty()) {
+      PyErr_SetString(PyExc_TypeError, "len() of a 0-d ferry.Array");
+      throw nb::python_error();
+    }
+    return dims()[0];
+  }
   Device* device() const { return data()->device(); }
   std::vector<Device*> devices() const {
     std::vector<Device*> devices;
@@ -275,6 +314,41 @@ class Array {
   // After the array is ready: an error naming a mapped file whose pages vanished (it was
   // truncated) while this array's transfer may have read it, instead of the zeros it read there.
   void CheckMappedFilesRead() const { CheckMappedFilesSince(vanished_at_creation_); }
+  // Starts reading the whole array into host memory (each distinct shard once) and returns at
+  // once; a no-op when a copy is already under way.
+  void StartHostCopy() {
+    CheckAlive();
+    if (host_copy_ != nullptr) return;
+    if (!is_fully_addressable()) {
+      throw StatusError{FailedPreconditionError(
+          "copy_to_host_async: the array has shards on other processes' devices; read this "
+          "process's with local_shards()")};
+    }
+    auto copy = std::make_shared<HostCopy>();
+    const DType logical = sharded_ ? sharded_->logical_dtype() : data_->logical_dtype();
+    copy->tensor = ValueOrThrow(HostTensor::Allocate(logical, dims()));
+    const MutableHostView whole = copy->tensor.mutable_view();
+    std::vector<Future<>> reads;
+    if (!sharded_) {
+      reads.push_back(data_->buffer().ToHost(whole));
+    } else {
+      std::vector<ShardIndex> started;
+      for (size_t i = 0; i < sharded_->shards().size(); ++i) {
+        const DataPtr& shard = sharded_->shards()[i];
+        const ShardIndex& index = sharded_->indices()[i];
+        if (shard == nullptr || std::find(started.begin(), started.end(), index) != started.end()) {
+          continue;  // another process's shard, or a replica of one already read
+        }
+        started.push_back(index);
+        reads.push_back(shard->buffer().ToHost(SubView(whole, index)));
+      }
+    }
+    copy->done = JoinFutures(reads);
+    copy->done.OnReady([copy](const Status&) {});  // keeps the tensor until the reads are over
+    host_copy_ = std::move(copy);
+  }
+  // The copy started by StartHostCopy, handed over (nullptr when none was started).
+  std::shared_ptr<HostCopy> TakeHostCopy() { return std::move(host_copy_); }
   void Delete() {
     if (generation_ != ForkGeneration()) Abandon();
     data_.reset();
@@ -333,7 +407,8 @@ class Array {
   DataPtr data_;
   ShardedDataPtr sharded_;
   uint64_t generation_ = ForkGeneration();
-  bool read_only_alias_ = false;  // made with zero_copy from read-only memory
+  bool read_only_alias_ = false;         // made with zero_copy from read-only memory
+  std::shared_ptr<HostCopy> host_copy_;  // copy_to_host_async()'s reads, until to_numpy()
   uint64_t vanished_at_creation_ = MappedFile::VanishedPageEvents();
 };
 
@@ -448,14 +523,24 @@ Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding
   return Array(ValueOrThrow(std::move(data)));
 }
 
-std::vector<Array> Put(const std::vector<nb::object>& objects,
-                       const std::vector<std::optional<std::string>>& dtype_overrides,
-                       Device* device, std::optional<std::string> device_dtype,
-                       const std::string& semantics_name) {
+// `device_dtypes`: one entry per object (nullopt: the device's profile decides).
+std::vector<Array> PutEach(const std::vector<nb::object>& objects,
+                           const std::vector<std::optional<std::string>>& dtype_overrides,
+                           Device* device,
+                           const std::vector<std::optional<std::string>>& device_dtypes,
+                           const std::string& semantics_name) {
   ApiScope api;
   if (device == nullptr) device = DeviceByName("host:0");
   CheckDeviceUsable(device);
-  TransferToDeviceOptions options = MakeOptions(semantics_name, objects.size(), device_dtype);
+  if (device_dtypes.size() != objects.size()) {
+    throw StatusError{InvalidArgumentError(
+        fmt::format("{} device dtypes for {} arrays", device_dtypes.size(), objects.size()))};
+  }
+  TransferToDeviceOptions options = MakeOptions(semantics_name, 0, std::nullopt);
+  for (const std::optional<std::string>& name : device_dtypes) {
+    options.device_dtypes.push_back(name.has_value() ? std::optional(ParseDType(*name))
+                                                     : std::nullopt);
+  }
   std::vector<bool> read_only;
   auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
   // A large "copy" put is started as an asynchronous one that this call then waits for,
@@ -491,16 +576,29 @@ std::vector<Array> Put(const std::vector<nb::object>& objects,
   return arrays;
 }
 
+std::vector<Array> Put(const std::vector<nb::object>& objects,
+                       const std::vector<std::optional<std::string>>& dtype_overrides,
+                       Device* device, std::optional<std::string> device_dtype,
+                       const std::string& semantics_name) {
+  return PutEach(objects, dtype_overrides, device,
+                 std::vector<std::optional<std::string>>(objects.size(), device_dtype),
+                 semantics_name);
+}
+
 std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
   ApiScope api;
   std::vector<DataPtr> data;
   std::vector<size_t> unsharded;  // positions in `arrays` of the handles in `data`
   std::vector<ShardedDataPtr> sharded(arrays.size());
+  std::vector<std::shared_ptr<HostCopy>> prefetched(arrays.size());
   for (size_t i = 0; i < arrays.size(); ++i) {
     if (arrays[i] == nullptr) {
       throw StatusError{InvalidArgumentError("device_get: None is not an Array")};
     }
     arrays[i]->CheckAlive();
+    if (prefetched[i] = arrays[i]->TakeHostCopy(); prefetched[i] != nullptr) {
+      continue;  // copy_to_host_async() started its reads already
+    }
     if (arrays[i]->sharded()) {
       sharded[i] = arrays[i]->sharded();
     } else {
@@ -519,8 +617,16 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
       }
     }
     WaitForAll(all);
+    for (const auto& copy : prefetched) {
+      if (copy != nullptr) WaitInterruptibly(copy->done);
+    }
   }
   std::vector<HostTensor> host(arrays.size());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    if (prefetched[i] == nullptr) continue;
+    ThrowIfError(prefetched[i]->done.Await());
+    host[i] = std::move(prefetched[i]->tensor);
+  }
   Status status;
   {
     ScopedGilRelease unlocked;  // every read starts, then this thread waits without the GIL
@@ -567,6 +673,7 @@ std::vector<Device*> Devices(std::optional<std::string> backend) {
 
 NB_MODULE(_ferry, m) {
   m.doc() = "ferry's C++ core; use the `ferry` package.";
+  m.attr("__version__") = ferry::kVersion;
   InstallForkHandler();
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -580,11 +687,18 @@ NB_MODULE(_ferry, m) {
     }
   });
 
+  // Tests: raise the Python error that a C++ status of `code` becomes.
+  m.def("_raise_status", [](int code, const std::string& message) {
+    throw StatusError{Status(static_cast<absl::StatusCode>(code), message)};
+  });
+
   m.def("_register_error", [](int code, nb::object cls) {
     ErrorClasses()[code] = cls.release().ptr();  // kept for the life of the process
   });
 
-  nb::class_<Device>(m, "Device")
+  nb::class_<Device>(m, "Device",
+                     "A device of a backend (ferry.devices(), ferry.device(\"host:0\")): owned by "
+                     "its client, which lives as long as the process.")
       .def_prop_ro("name", [](const Device& d) { return d.name(); })
       .def_prop_ro(
           "backend",
@@ -613,21 +727,133 @@ NB_MODULE(_ferry, m) {
       .def("__eq__", [](const Device& a, const Device& b) { return &a == &b; })
       .def("__hash__", [](const Device& d) { return std::hash<const void*>()(&d); });
 
-  nb::class_<Array>(m, "Array", nb::dynamic_attr())
-      .def_prop_ro("shape", &Array::shape)
+  nb::class_<Array>(m, "Array", nb::dynamic_attr(),
+                    "A tensor on a device, or sharded over a mesh (ferry.device_put): its logical "
+                    "dtype is the source's, the device may store another (device_dtype). The "
+                    "device memory is released with the last reference or delete().")
+      .def_prop_ro("shape", &Array::shape, nb::sig("def shape(self) -> tuple[int, ...]"),
+                   "The shape, a tuple of ints (of the whole, for a sharded array).")
+      .def_prop_ro(
+          "ndim", [](const Array& a) { return a.dims().size(); },
+          "The number of dimensions, len(shape).")
+      .def_prop_ro("size", &Array::size, "The number of elements, the product of shape.")
+      .def_prop_ro("nbytes", &Array::nbytes,
+                   "Bytes of the data in its logical dtype (what to_numpy() returns), as numpy's "
+                   "nbytes; the device may hold more or fewer (see device_dtype).")
+      .def("__len__", &Array::length, "The size of the first dimension (TypeError for 0-d).")
       .def_prop_ro("_dtype_name", &Array::dtype_name)
-      .def_prop_ro("device_dtype", &Array::device_dtype)
-      .def_prop_ro("device", &Array::device, nb::rv_policy::reference)
-      .def_prop_ro("is_deleted", &Array::is_deleted)
-      .def("is_ready", &Array::is_ready)
+      .def_prop_ro("device_dtype", &Array::device_dtype,
+                   "The dtype the device stores (the first shard's, for a sharded array; see "
+                   "shard_device_dtypes).")
+      .def_prop_ro("shard_device_dtypes", &Array::shard_device_dtypes,
+                   "The dtype each shard's device stores, in mesh order (one entry when "
+                   "unsharded): a mesh mixing backends may hold different ones.")
+      .def_prop_ro(
+          "device",
+          [](nb::handle self) -> nb::object {
+            const Array& array = nb::cast<const Array&>(self);
+            // As JAX: a sharded array's device is its sharding (ferry.Sharding).
+            if (array.sharded()) return self.attr("sharding");
+            return nb::cast(array.device(), nb::rv_policy::reference);
+          },
+          "The device holding the data; for a sharded array its ferry.Sharding (as JAX), whose "
+          "mesh lists the devices.")
+      .def("is_deleted", &Array::is_deleted,
+           "Whether delete() was called: the device memory is released and every other method "
+           "raises FailedPreconditionError.")
+      .def("is_ready", &Array::is_ready,
+           "Whether every transfer into the array has finished (never blocks).")
       .def("_block_until_ready", &Array::block_until_ready)
-      .def("delete", &Array::Delete)
+      .def_prop_ro(
+          "is_alias", [](const Array& a) { return a.data()->buffer().is_alias(); },
+          "Whether the device memory is the source's own memory (a zero_copy put the host device "
+          "could alias: same dtype, dense, 64-byte aligned; see ferry.empty). False when it "
+          "copied, as zero_copy does whenever aliasing is impossible.")
+      .def("copy_to_host_async", &Array::StartHostCopy,
+           "Starts reading the data into host memory and returns at once: the next to_numpy() "
+           "(or device_get) takes what was read, without starting the reads again.")
+      .def(
+          "__reduce__",
+          [](nb::handle self) {
+            // Pickled through the host: the data as numpy, and where it was (ferry._unpickle).
+            return nb::module_::import_("ferry").attr("_reduce_array")(self);
+          },
+          "Pickling support: the data travels as a numpy array and is put back on a device of "
+          "the same name (a sharded array on a mesh of the same device names).")
+      .def("delete", &Array::Delete,
+           "Releases the device memory (once no transfer still uses it); is_deleted() is then "
+           "True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
-      .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference)
+      .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
+                   "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
-      .def_prop_ro("is_fully_addressable", &Array::is_fully_addressable)
-      .def("_local_shards", &LocalShardsOf);
+      .def_prop_ro("is_fully_addressable", &Array::is_fully_addressable,
+                   "Whether every shard is on this process's devices (always, in one process).")
+      .def("_local_shards", &LocalShardsOf)
+      // Written in Python (python/ferry/__init__.py, `_array_*`), defined here on the class.
+      .def_prop_ro(
+          "dtype", [](nb::handle self) { return PythonHelper("_array_dtype")(self); },
+          nb::sig("def dtype(self) -> numpy.dtype[typing.Any]"),
+          "The logical dtype (the source's), as a numpy dtype: what to_numpy() returns.")
+      .def_prop_ro(
+          "sharding", [](nb::handle self) { return PythonHelper("_array_sharding")(self); },
+          nb::sig("def sharding(self) -> ferry.Sharding | None"),
+          "The ferry.Sharding of a sharded array; None for an array on one device.")
+      .def(
+          "to_numpy", [](nb::handle self) { return PythonHelper("_array_to_numpy")(self); },
+          nb::sig("def to_numpy(self) -> numpy.typing.NDArray[typing.Any]"),
+          "The data as a new numpy array in the logical dtype (waits without the GIL).")
+      .def(
+          "block_until_ready",
+          [](nb::handle self) { return PythonHelper("_array_block_until_ready")(self); },
+          nb::sig("def block_until_ready(self) -> Array"),
+          "Waits until every transfer into the array has finished (raising its error, if any); "
+          "returns the array.")
+      .def(
+          "local_shards", [](nb::handle self) { return PythonHelper("_array_local_shards")(self); },
+          nb::sig("def local_shards(self) -> list[ferry.Shard]"),
+          "This process's shards (one per mesh device of this process, in mesh order) read back, "
+          "each with its device, index and device dtype; an unsharded array has one shard, all "
+          "of it.")
+      .def_prop_ro(
+          "addressable_shards",
+          [](nb::handle self) { return PythonHelper("_array_local_shards")(self); },
+          nb::sig("def addressable_shards(self) -> list[ferry.Shard]"),
+          "This process's shards, as local_shards() (JAX's name).")
+      .def(
+          "__array__",
+          [](nb::handle self, nb::object dtype, nb::object copy) {
+            return PythonHelper("_array_array")(self, dtype, copy);
+          },
+          nb::arg("dtype").none() = nb::none(), nb::arg("copy").none() = nb::none(),
+          nb::sig("def __array__(self, dtype: typing.Any = None, copy: bool | None = None) -> "
+                  "numpy.typing.NDArray[typing.Any]"),
+          "numpy's array protocol: the data read into a new array; copy=False raises "
+          "ValueError, as numpy 2 asks of an object that cannot avoid a copy.")
+      .def(
+          "__repr__", [](nb::handle self) { return PythonHelper("_array_repr")(self); },
+          nb::sig("def __repr__(self) -> str"))
+      .def(
+          "__dlpack__",
+          [](nb::handle self, nb::object stream, nb::object max_version, nb::object dl_device,
+             nb::object copy) {
+            return PythonHelper("_array_dlpack")(
+                self, nb::arg("stream") = stream, nb::arg("max_version") = max_version,
+                nb::arg("dl_device") = dl_device, nb::arg("copy") = copy);
+          },
+          nb::kw_only(), nb::arg("stream").none() = nb::none(),
+          nb::arg("max_version").none() = nb::none(), nb::arg("dl_device").none() = nb::none(),
+          nb::arg("copy").none() = nb::none(),
+          nb::sig("def __dlpack__(self, *, stream: typing.Any = None, max_version: "
+                  "tuple[int, int] | None = None, dl_device: typing.Any = None, copy: bool | None "
+                  "= None) -> typing.Any"),
+          "DLPack export of an array in host-addressable memory (docs/python.md).")
+      .def(
+          "__dlpack_device__",
+          [](nb::handle self) { return PythonHelper("_array_dlpack_device")(self); },
+          nb::sig("def __dlpack_device__(self) -> tuple[int, int]"),
+          "(1, 0): the CPU, for arrays in host-addressable memory.");
 
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
@@ -670,6 +896,8 @@ NB_MODULE(_ferry, m) {
 
   m.def("put", &Put, nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device").none(),
         nb::arg("device_dtype").none(), nb::arg("semantics"));
+  m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
+        nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"));
   m.def("get", &Get, nb::arg("arrays"));
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);

@@ -1,0 +1,274 @@
+"""The Array and package surface people know from JAX and numpy (issue 16): sizes, deletion,
+early reads, pickling, numpy's copy protocol, sharded arrays that say so, every error code a
+ferry.Error, the version, docstrings, the typing files, and aligned host memory for zero-copy."""
+
+import os
+import pathlib
+import pickle
+import re
+
+import numpy as np
+import pytest
+
+import ferry
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_version_is_the_projects():
+    text = (REPO / "pyproject.toml").read_text()
+    expected = re.search(r'^version = "([^"]+)"', text, re.M).group(1)
+    assert ferry.__version__ == expected
+
+
+def test_every_status_code_raises_a_ferry_error_subclass():
+    seen = set()
+    for code in range(1, 17):  # absl::StatusCode: 0 is OK, 1..16 are errors
+        with pytest.raises(ferry.Error) as info:
+            ferry._ferry._raise_status(code, f"code {code}")
+        assert type(info.value) is not ferry.Error, f"code {code} maps to the base class"
+        assert str(info.value) == f"code {code}"
+        seen.add(type(info.value))
+    assert len(seen) == 16, "each code has its own class"
+
+
+def test_sizes_and_len(device):
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    a = ferry.device_put(x, device, device_dtype="bfloat16")
+    assert (a.ndim, a.size, a.nbytes, len(a)) == (3, 24, 24 * 4, 2)  # nbytes of float32, as numpy
+    scalar = ferry.device_put(np.float64(2.5), device)
+    assert (scalar.ndim, scalar.size, scalar.nbytes) == (0, 1, 8)
+    with pytest.raises(TypeError):
+        len(scalar)
+
+
+def test_is_deleted_is_a_method_as_in_jax():
+    a = ferry.device_put(np.ones(3))
+    assert a.is_deleted() is False
+    a.delete()
+    assert a.is_deleted() is True
+    assert repr(a) == "ferry.Array(<deleted>)"
+    with pytest.raises(ferry.FailedPreconditionError):
+        a.to_numpy()
+
+
+def test_copy_to_host_async_then_to_numpy(device):
+    x = np.random.default_rng(7).standard_normal((64, 33))
+    a = ferry.device_put(x, device, semantics="async")
+    a.copy_to_host_async()
+    a.copy_to_host_async()  # a second call while the first is under way is a no-op
+    np.testing.assert_array_equal(a.to_numpy(), x)
+    np.testing.assert_array_equal(a.to_numpy(), x)  # later reads start again
+    a.copy_to_host_async()
+    np.testing.assert_array_equal(ferry.device_get([a])[0], x)
+
+
+def test_copy_to_host_async_of_a_sharded_array():
+    mesh = ferry.Mesh(ferry.devices("host")[:4], (2, 2), ("r", "c"))
+    x = np.arange(7 * 6, dtype=np.int32).reshape(7, 6)
+    a = ferry.device_put(x, ferry.Sharding(mesh, ("r", None)))  # replicated over "c"
+    a.copy_to_host_async()
+    np.testing.assert_array_equal(a.to_numpy(), x)
+
+
+def test_copy_to_host_async_keeps_its_reads_alive_after_the_array_is_gone():
+    a = ferry.device_put(np.arange(1 << 20, dtype=np.float32), semantics="async")
+    a.copy_to_host_async()
+    del a  # the reads hold their own host memory until they finish
+    b = ferry.device_put(np.ones(5))
+    np.testing.assert_array_equal(b.to_numpy(), np.ones(5))
+
+
+def test_pickle_round_trip(device):
+    x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    a = ferry.device_put(x, device, device_dtype="float64")
+    b = pickle.loads(pickle.dumps(a))
+    assert isinstance(b, ferry.Array)
+    assert (b.device, b.device_dtype, b.dtype) == (a.device, "float64", np.float32)
+    np.testing.assert_array_equal(b.to_numpy(), x)
+
+
+def test_pickle_round_trip_of_a_sharded_array():
+    mesh = ferry.Mesh(ferry.devices("host")[:2], (2,), ("x",))
+    x = np.arange(10, dtype=np.int64)
+    a = ferry.device_put(x, ferry.Sharding(mesh, ("x",)))
+    b = pickle.loads(pickle.dumps(a))
+    assert b.sharding.spec == ("x",)
+    assert [d.name for d in b.sharding.mesh.devices] == ["host:0", "host:1"]
+    np.testing.assert_array_equal(b.to_numpy(), x)
+
+
+def test_numpy_copy_protocol():
+    x = np.arange(6.0)
+    a = ferry.device_put(x)
+    np.testing.assert_array_equal(np.asarray(a), x)
+    np.testing.assert_array_equal(np.array(a, dtype=np.float32), x.astype(np.float32))
+    with pytest.raises(ValueError, match="copy"):
+        np.array(a, copy=False)
+
+
+def test_a_sharded_array_says_it_is_sharded():
+    mesh = ferry.Mesh(ferry.devices("host")[:2], (2,), ("x",))
+    sharding = ferry.Sharding(mesh, ("x", None))
+    a = ferry.device_put(np.zeros((4, 3)), sharding)
+    assert a.device is sharding  # as JAX: a sharded array's device is its sharding
+    assert "sharding=ferry.Sharding" in repr(a) and "host:1" in repr(a)
+    assert a.shard_device_dtypes == ["float64", "float64"]
+    shards = a.local_shards()
+    assert [s.device_dtype for s in shards] == ["float64", "float64"]
+
+
+def test_local_shards_of_an_unsharded_array_is_its_one_shard(device):
+    x = np.arange(12).reshape(3, 4)
+    a = ferry.device_put(x, device)
+    (shard,) = a.local_shards()
+    assert shard.device == a.device
+    assert shard.index == (slice(0, 3), slice(0, 4))
+    assert shard.device_dtype == a.device_dtype
+    np.testing.assert_array_equal(shard.data, x)
+
+
+def test_empty_is_aligned_and_zero_copy_aliases_it():
+    x = ferry.empty((257, 3), "float32")
+    assert x.ctypes.data % ferry.ALIGNMENT == 0 and x.flags.writeable
+    assert x.shape == (257, 3) and x.dtype == np.float32
+    x[...] = 1.5
+    aliased = ferry.device_put(x, "host:0", semantics="zero_copy")
+    assert aliased.is_alias
+    # Off the alignment, zero_copy falls back to a copy, and the array says so.
+    raw = ferry.empty(65, "uint8")
+    misaligned = raw[1:].view(np.uint8)
+    copied = ferry.device_put(misaligned, "host:0", semantics="zero_copy")
+    assert not copied.is_alias
+    np.testing.assert_array_equal(copied.to_numpy(), misaligned)
+
+
+def test_every_public_name_has_a_docstring():
+    missing = [name for name in ferry.__all__ if not (getattr(ferry, name).__doc__ or "").strip()]
+    assert not missing
+    array_members = [
+        "shape", "ndim", "size", "nbytes", "dtype", "device_dtype", "shard_device_dtypes", "device",
+        "devices", "sharding", "is_alias", "is_deleted", "is_ready", "delete", "to_numpy",
+        "block_until_ready", "copy_to_host_async", "local_shards", "__len__",
+    ]
+    undocumented = [m for m in array_members if not (getattr(ferry.Array, m).__doc__ or "").strip()]
+    assert not undocumented
+
+
+def test_the_package_ships_its_typing_files():
+    package = pathlib.Path(ferry.__file__).parent
+    assert (package / "py.typed").exists()
+    stub = (package / "_ferry.pyi").read_text()
+    for name in ("class Array", "def copy_to_host_async", "def to_numpy", "def nbytes"):
+        assert name in stub
+
+
+def test_python_dash_m_ferry_runs_the_command():
+    program = pathlib.Path(ferry.__file__).parent / "bin" / "ferry"
+    if not os.access(program, os.X_OK):
+        pytest.skip(f"the package has no command-line program here ({program}): built without tools")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "ferry", "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"ferry {ferry.__version__}"
+
+
+# --- inputs people pass (issue 16, point 5) and sharding specs (point 7) ------------------------
+
+class OnlyArrayInterface:
+    """An object numpy can read only through __array_interface__ (no buffer, no DLPack)."""
+
+    def __init__(self, data):
+        self._data = data
+        self.__array_interface__ = data.__array_interface__
+
+
+class OnlyArray:
+    def __init__(self, data):
+        self._data = data
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data
+
+
+def test_objects_numpy_alone_can_read():
+    x = np.arange(6, dtype=np.int16).reshape(2, 3)
+    for wrapped in (OnlyArrayInterface(x), OnlyArray(x)):
+        np.testing.assert_array_equal(ferry.device_put(wrapped).to_numpy(), x)
+
+
+def test_python_scalars_are_0d_arrays():
+    for value, dtype in ((1.5, np.float64), (3, np.int64), (True, np.bool_), (1 + 2j, np.complex128)):
+        a = ferry.device_put(value)
+        assert a.shape == () and a.dtype == dtype
+        assert a.to_numpy() == value
+
+
+def test_device_dtype_takes_torch_and_numpy_dtype_objects():
+    torch = pytest.importorskip("torch", reason="torch is in the test extras")
+    x = np.linspace(0, 1, 8, dtype=np.float32)
+    assert ferry.device_put(x, device_dtype=torch.bfloat16).device_dtype == "bfloat16"
+    assert ferry.device_put(x, device_dtype=torch.float64).device_dtype == "float64"
+    assert ferry.device_put(x, device_dtype=np.float16).device_dtype == "float16"
+    assert ferry.device_put(x, device_dtype=np.dtype("float64")).device_dtype == "float64"
+    with pytest.raises(ferry.InvalidArgumentError, match="torch dtype"):
+        ferry.device_put(x, device_dtype=torch.quint8)
+
+
+def test_pytrees_round_trip_in_their_structure():
+    tree = {"w": np.ones((2, 2), np.float32), "layers": [np.arange(3), (np.zeros(1), 2.5)]}
+    placed = ferry.device_put(tree)
+    assert isinstance(placed["w"], ferry.Array) and isinstance(placed["layers"][1], tuple)
+    back = ferry.device_get(placed)
+    assert set(back) == {"w", "layers"} and isinstance(back["layers"], list)
+    np.testing.assert_array_equal(back["w"], tree["w"])
+    np.testing.assert_array_equal(back["layers"][0], tree["layers"][0])
+    assert back["layers"][1][1] == 2.5
+
+
+def test_per_item_device_dtype_in_a_batch():
+    x = np.linspace(-1, 1, 10)
+    a, b, c = ferry.device_put([x, x, np.arange(4)], device_dtype=["float32", None, "int32"])
+    assert (a.device_dtype, b.device_dtype, c.device_dtype) == ("float32", "float64", "int32")
+    with pytest.raises(ferry.InvalidArgumentError, match="2 entries for 3 arrays"):
+        ferry.device_put([x, x, x], device_dtype=["float32", None])
+
+
+def test_errors_name_the_cause_and_the_batch_index():
+    good = np.ones(3)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"item 1: numpy dtype <U3 has no ferry"):
+        ferry.device_put([good, np.array(["abc"])])
+    with pytest.raises(ferry.InvalidArgumentError, match="numpy dtype object"):
+        ferry.device_put(np.array([object()]))
+    with pytest.raises(ferry.InvalidArgumentError, match="item 2 is a str"):
+        ferry.device_get([ferry.device_put(good), ferry.device_put(good), "x"])
+
+
+def test_errors_name_sparse_and_meta_torch_tensors():
+    torch = pytest.importorskip("torch", reason="torch is in the test extras")
+    with pytest.raises(ferry.InvalidArgumentError, match=r"item 1: .*layout torch.sparse_coo"):
+        ferry.device_put([np.ones(2), torch.eye(3).to_sparse()])
+    with pytest.raises(ferry.InvalidArgumentError, match="meta torch tensor"):
+        ferry.device_put(torch.empty(3, device="meta"))
+
+
+def test_errors_name_a_deleted_jax_array():
+    jax = pytest.importorskip("jax", reason="jax is in the test extras")
+    x = jax.numpy.arange(4.0)
+    x.delete()
+    with pytest.raises(ferry.InvalidArgumentError, match="jax array has been deleted"):
+        ferry.device_put(x)
+
+
+def test_sharding_specs_are_checked_as_written():
+    mesh = ferry.Mesh(ferry.devices("host")[:2], (2,), ("rows",))
+    # A bare string is one axis name for the first dimension.
+    s = ferry.Sharding(mesh, "rows")
+    assert s.spec == ("rows",)
+    a = ferry.device_put(np.arange(8.0).reshape(4, 2), ferry.Sharding(mesh, ("rows", None)))
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(8.0).reshape(4, 2))
+    with pytest.raises(ferry.InvalidArgumentError, match="not int 3"):
+        ferry.Sharding(mesh, 3)
+    with pytest.raises(ferry.InvalidArgumentError, match="entry 1 is 0"):
+        ferry.Sharding(mesh, ("rows", 0))
