@@ -152,23 +152,42 @@ Status CheckOptions(const TransferToDeviceOptions& options) {
   return OkStatus();
 }
 
-// Sends `sources[i]` to mesh device i; all or nothing.
+// Sends `sources[i]` to mesh device i; all or nothing. `one_source`: every source is a part of
+// one tensor, so shards of equal index hold equal data (replicas may be copied from each other).
 StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const Sharding& sharding,
                                     std::vector<ShardIndex> indices, DType logical_dtype,
                                     absl::Span<const std::shared_ptr<const TensorSource>> sources,
-                                    const TransferToDeviceOptions& options) {
+                                    const TransferToDeviceOptions& options, bool one_source) {
   FERRY_RETURN_IF_ERROR(CheckOptions(options));
   ScopedTimer timer(metrics::TransferToDeviceTime());
   // Every shard is started before any is waited for: the devices fill in parallel.
   const std::optional<DType> device_dtype =
       options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[0];
-  // Only this process's devices get a transfer; another process's entries stay null.
+  // Only this process's devices get a transfer; another process's entries stay null. A replica
+  // (the same part of the tensor as an earlier shard) whose device can take a copy from the first
+  // one's device directly (Device::CopiesBuffersTo: an accelerator's peer copy) is copied there
+  // once the first one has arrived, instead of being uploaded again. Only when the call waits
+  // anyway (kImmutableOnlyDuringCall): the copy starts after the first upload.
+  const bool copy_replicas =
+      one_source && options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall;
   std::vector<internal::DeviceTransfer> transfers;
   std::vector<size_t> positions;
+  std::vector<std::pair<size_t, size_t>> replicas;  // (shard, the earlier shard it copies)
   transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     Device* device = sharding.mesh().devices()[i];
     if (!device->is_addressable()) continue;
+    if (copy_replicas) {
+      auto first = std::find_if(positions.begin(), positions.end(), [&](size_t j) {
+        const Device* origin = sharding.mesh().devices()[j];
+        return indices[j] == indices[i] && origin->CopiesBuffersTo(device) &&
+               origin->capabilities().dtypes == device->capabilities().dtypes;
+      });
+      if (first != positions.end()) {
+        replicas.emplace_back(i, *first);
+        continue;
+      }
+    }
     transfers.push_back({sources[i], device, device_dtype});
     positions.push_back(i);
   }
@@ -176,6 +195,14 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
                          internal::StartTransfers(transfers, options.semantics));
   std::vector<DataPtr> shards(sources.size());
   for (size_t k = 0; k < positions.size(); ++k) shards[positions[k]] = std::move(started[k]);
+  for (const auto& [replica, origin] : replicas) {
+    const Data& first = *shards[origin];
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> copy,
+                           first.buffer().CopyToDevice(sharding.mesh().devices()[replica]));
+    metrics::ReplicaDeviceCopies()->Add();
+    shards[replica] =
+        std::make_shared<Data>(std::move(copy), first.logical_dtype(), sources[replica]->name());
+  }
   return std::make_shared<ShardedData>(sharding, Dims(global_dims.begin(), global_dims.end()),
                                        logical_dtype, std::move(indices), std::move(shards));
 }
@@ -243,7 +270,8 @@ StatusOr<ShardedDataPtr> TransferShardsToDevice(std::shared_ptr<const TensorSour
   }
   const DType dtype = view.dtype;
   source.reset();
-  return SendShards(view.dims, sharding, std::move(indices), dtype, shard_sources, options);
+  return SendShards(view.dims, sharding, std::move(indices), dtype, shard_sources, options,
+                    /*one_source=*/true);
 }
 
 StatusOr<ShardedDataPtr> MakeArrayFromShards(
@@ -281,7 +309,7 @@ StatusOr<ShardedDataPtr> MakeArrayFromShards(
     dtype = shard->view().dtype;
   }
   return SendShards(global_dims, sharding, std::move(indices), dtype.value_or(DType::kF32),
-                    per_device_sources, options);
+                    per_device_sources, options, /*one_source=*/false);
 }
 
 StatusOr<ShardedDataPtr> MakeArrayFromCallback(absl::Span<const int64_t> global_dims,

@@ -10,7 +10,9 @@
 
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
+#include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
+#include "ferry/runtime/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -216,6 +218,54 @@ TEST(PjrtTest, MultiChunkTransfersMatchTheHostBackend) {
         ASSERT_TRUE((*actual)->ToHost(got_view).Await().ok());
         EXPECT_TRUE(want_back == got_back) << "read back differs";
       }
+    }
+  }
+}
+
+// A sharding's replicas are copied device to device (PJRT_Buffer_CopyToDevice) where the plugin
+// copies and ferry does not own the memory; on the direct path (ferry's own memory, where the
+// plugin's copy would write fresh pages) every replica is uploaded from the source instead. Either
+// way each replica holds the tensor exactly.
+TEST(PjrtTest, ReplicasAreCopiedOnTheDeviceWhereThePluginCopies) {
+  auto values = std::make_shared<std::vector<float>>(67 * 33);
+  for (size_t i = 0; i < values->size(); ++i) (*values)[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  const HostView view = HostView::Dense(values->data(), DType::kF32, {67, 33});
+  for (bool direct : DirectChoices()) {
+    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
+    const ClientOptions options{.num_devices = 4, .pjrt_direct_host_access = direct};
+    PJRT_CLIENT_OR_SKIP(client, options);
+    const std::vector<Device*> devices(client->devices().begin(), client->devices().end());
+    ASSERT_EQ(devices.size(), 4u);
+    // Two rows of two: the first dim split over "x", replicated over "y".
+    auto mesh = Mesh::Create(devices, {2, 2}, {"x", "y"});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    auto sharding = Sharding::Create(*mesh, {{"x"}, {}});
+    ASSERT_TRUE(sharding.ok()) << sharding.status();
+    auto source = TensorSource::Borrow(view, values->data(), 67 * 33 * 4, values, "w");
+    ASSERT_TRUE(source.ok()) << source.status();
+    const int64_t before = metrics::ReplicaDeviceCopies()->Value();
+    auto sharded = TransferShardsToDevice(*source, *sharding, {});
+    ASSERT_TRUE(sharded.ok()) << sharded.status();
+    EXPECT_EQ(metrics::ReplicaDeviceCopies()->Value() - before, direct ? 0 : 2)
+        << "each of the two replicas of a row block is a device copy exactly when the plugin "
+           "copies";
+    auto whole = AssembleShards(**sharded);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(std::memcmp(whole->data(), values->data(), values->size() * 4), 0);
+    // Every shard on its own, the replicas included, holds its rows exactly.
+    for (size_t i = 0; i < 4; ++i) {
+      const DataPtr& shard = (*sharded)->shards()[i];
+      ASSERT_NE(shard, nullptr);
+      EXPECT_EQ(shard->device(), devices[i]);
+      const int64_t first_row = i < 2 ? 0 : 34;
+      const int64_t rows = i < 2 ? 34 : 33;
+      std::vector<float> back(static_cast<size_t>(rows * 33));
+      ASSERT_TRUE(shard->buffer()
+                      .ToHost(MutableHostView::Dense(back.data(), DType::kF32, {rows, 33}))
+                      .Await()
+                      .ok());
+      EXPECT_EQ(std::memcmp(back.data(), values->data() + first_row * 33, back.size() * 4), 0)
+          << "shard " << i;
     }
   }
 }

@@ -87,7 +87,8 @@ TEST(StagingRingTest, StagedReadConvertsIntoAStridedDestination) {
   std::atomic<int> live{0};
   int made = 0;
   StagingRing ring("test", CountingChunks(&live, &made), 2, 4096);
-  // The device holds 1000 x 5 bf16 values (10,000 bytes: three chunks); read them into every other column of a f32 array.
+  // The device holds 1000 x 5 bf16 values (10,000 bytes: three chunks); read them into every other
+  // column of a f32 array.
   std::vector<uint16_t> device(1000 * 5);
   for (size_t i = 0; i < device.size(); ++i) device[i] = F32ToBF16Bits(static_cast<float>(i));
   std::vector<float> destination(1000 * 10, -1.0f);

@@ -94,12 +94,13 @@ Metric* OutboundData();            // bytes read from host sources, per transfer
 Metric* InboundData();             // bytes written to host destinations, per read
 Counter* CreateDataHandles();
 Counter* DestroyDataHandles();
-Counter* DirectTransfers();     // same dtype, no conversion
-Counter* ConvertedTransfers();  // source dtype != device dtype (or device -> other host dtype)
-Counter* SourceDowncasts();     // the dtype policy picked a narrower device dtype
-Counter* ZeroCopyAliases();     // kImmutableZeroCopy buffers that alias their source
-Counter* ZeroCopyFallbacks();   // kImmutableZeroCopy requests that had to copy instead
-Counter* StagingBytes();        // bytes that went through a staging buffer
+Counter* DirectTransfers();      // same dtype, no conversion
+Counter* ConvertedTransfers();   // source dtype != device dtype (or device -> other host dtype)
+Counter* SourceDowncasts();      // the dtype policy picked a narrower device dtype
+Counter* ZeroCopyAliases();      // kImmutableZeroCopy buffers that alias their source
+Counter* ZeroCopyFallbacks();    // kImmutableZeroCopy requests that had to copy instead
+Counter* StagingBytes();         // bytes that went through a staging buffer
+Counter* ReplicaDeviceCopies();  // sharded replicas copied device to device, not uploaded again
 }  // namespace metrics
 
 }  // namespace ferry

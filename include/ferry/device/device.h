@@ -94,6 +94,13 @@ class Device {
   // The memory spaces buffers of this device may live in, the default first. Backends whose
   // devices have one memory keep this default: {"device", default}.
   virtual std::vector<MemorySpace> memory_spaces() const { return {{"device", true}}; }
+  // True when Buffer::CopyToDevice from this device to `target` copies between the devices
+  // themselves (an accelerator's peer copy), not through the host: then a sharding's replicas are
+  // copied from the first one instead of uploaded again.
+  virtual bool CopiesBuffersTo(const Device* target) const {
+    (void)target;
+    return false;
+  }
 };
 
 // The memory space of `device` named `kind`; its default space for an empty `kind`.

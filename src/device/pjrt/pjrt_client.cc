@@ -160,6 +160,12 @@ std::vector<MemorySpace> PjrtDevice::memory_spaces() const {
   return spaces;
 }
 
+bool PjrtDevice::CopiesBuffersTo(const Device* target) const {
+  if (target == nullptr || target->client() != client_) return false;
+  return FERRY_PJRT_HAS(client_->runtime()->library(), PJRT_Buffer_CopyToDevice) &&
+         !client_->platform().direct_host_access;
+}
+
 PJRT_Memory* PjrtDevice::FindMemory(std::string_view kind) const {
   for (const PjrtMemorySpace& space : memories_) {
     if (kind.empty() ? space.memory == default_memory_ : space.kind == kind) return space.memory;

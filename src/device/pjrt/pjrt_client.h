@@ -82,6 +82,9 @@ class PjrtDevice final : public Device {
   std::string description() const override;
   // The plugin's addressable memories, its default memory first.
   std::vector<MemorySpace> memory_spaces() const override;
+  // To another device of this client when the plugin copies between its devices
+  // (PJRT_Buffer_CopyToDevice) and ferry does not own the memory (no direct host access).
+  bool CopiesBuffersTo(const Device* target) const override;
 
   PJRT_Device* pjrt_device() const { return device_; }
   // The device's default memory space; null when the plugin has no memories (older plugins).
