@@ -48,6 +48,7 @@
 #include "heap_accounting.h"
 #include "nlohmann/json.hpp"
 #include "peer_session.h"
+#include "pjrt_paths.h"
 #include "transfer_cases.h"
 #include "transfer_paths.h"
 
@@ -771,7 +772,10 @@ int RunBench(int argc, char** argv) {
     fmt::print(
         "peers: torch, jax and numpy ({} bench/peers.py) timed turn by turn with ferry's runs\n",
         peers_python);
-    peer_session = PeerSession::Start(peers_python, scale);
+    // On a pjrt device, jax puts onto the same plugin (jax.device_put to a registered plugin).
+    const std::string jax_plugin = PjrtPluginPathOf(device);
+    if (!jax_plugin.empty()) fmt::print("peers: jax puts onto the plugin {}\n", jax_plugin);
+    peer_session = PeerSession::Start(peers_python, scale, jax_plugin);
   }
   fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",

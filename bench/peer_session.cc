@@ -89,7 +89,8 @@ void AddPeerComparison(const Json& peers, double seconds, Json& json, std::strin
   for (const std::string& note : missing) AddNote(notes, note);
 }
 
-std::unique_ptr<PeerSession> PeerSession::Start(const std::string& python, double scale) {
+std::unique_ptr<PeerSession> PeerSession::Start(const std::string& python, double scale,
+                                                const std::string& jax_plugin) {
   const std::string script = fmt::format("{}/bench/peers.py", FERRY_SOURCE_DIR);
   const std::string size = fmt::format("{}", scale);
   auto session = std::unique_ptr<PeerSession>(
@@ -107,6 +108,10 @@ std::unique_ptr<PeerSession> PeerSession::Start(const std::string& python, doubl
   posix_spawn_file_actions_adddup2(&actions, sockets[1], STDIN_FILENO);
   posix_spawn_file_actions_adddup2(&actions, sockets[1], STDOUT_FILENO);
   std::vector<std::string> arguments = {python, script, "--serve", "--size", size};
+  if (!jax_plugin.empty()) {
+    arguments.push_back("--jax-plugin");
+    arguments.push_back(jax_plugin);
+  }
   std::vector<char*> argv;
   for (std::string& argument : arguments) argv.push_back(argument.data());
   argv.push_back(nullptr);

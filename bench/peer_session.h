@@ -42,7 +42,10 @@ void AddPeerComparison(const Json& peers, double seconds, Json& json, std::strin
 class PeerSession {
  public:
   // Starts the process (a failed session when it cannot).
-  static std::unique_ptr<PeerSession> Start(const std::string& python, double scale);
+  // `jax_plugin`: a PJRT plugin library the jax peer puts onto instead of jax's own CPU device
+  // (the plugin ferry's pjrt device runs on); empty for jax's own.
+  static std::unique_ptr<PeerSession> Start(const std::string& python, double scale,
+                                            const std::string& jax_plugin = {});
   ~PeerSession();  // closes its stdin and waits for it to exit
   PeerSession(const PeerSession&) = delete;
   PeerSession& operator=(const PeerSession&) = delete;

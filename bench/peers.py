@@ -12,6 +12,8 @@ result, a dense array of the destination dtype:
          jnp.asarray(src, dtype=dtype), which converts on the host first: the faster of the two
          is reported and named. d2h: the "device" data is a jax array on the CPU device (put
          there untimed); timed is np.asarray(x.astype(dtype)) or np.asarray(x).astype(dtype).
+         With --jax-plugin PATH (ferry-bench --peers on a pjrt device passes its plugin), the
+         device is that PJRT plugin's, registered with jax; "jax_device" in the row names it.
   numpy  np.copyto(dst, src, casting="unsafe") into a preallocated dense dst (bfloat16 from
          ml_dtypes).
 
@@ -164,11 +166,30 @@ def torch_peer(source, destination_dtype):
     return [("dst.copy_(src)", run)], None
 
 
+# --jax-plugin: a PJRT plugin library that jax puts onto instead of its own CPU device (ferry-bench
+# passes the plugin its pjrt device runs on, so both put onto the same plugin).
+JAX_PLUGIN = None
+JAX_PLUGIN_PLATFORM = "peer_pjrt"
+
+
+def jax_device():
+    import jax
+
+    if JAX_PLUGIN is None:
+        return jax.devices("cpu")[0]
+    from jax._src import xla_bridge  # JAX's plugin registry (what jax_plugins packages use)
+
+    if JAX_PLUGIN_PLATFORM not in xla_bridge._backend_factories:
+        # A low priority: the plugin is not jax's default backend, only named.
+        xla_bridge.register_plugin(JAX_PLUGIN_PLATFORM, priority=-1, library_path=JAX_PLUGIN)
+    return jax.devices(JAX_PLUGIN_PLATFORM)[0]
+
+
 def jax_peer(source, destination_dtype, d2h):
     import jax
     import jax.numpy as jnp
 
-    cpu = jax.devices("cpu")[0]
+    cpu = jax_device()
     if d2h:
         on_device = jax.device_put(source, cpu).block_until_ready()
 
@@ -315,6 +336,7 @@ class CasePeers:
             self.row[f"{peer}_method"] = method
             if peer == "jax":
                 self.row["jax_aliased"] = aliased
+                self.row["jax_device"] = JAX_PLUGIN or "jax's cpu device"
         self.methods = {}
         self.source = None
         return self.row
@@ -368,7 +390,11 @@ def main():
     parser.add_argument("--case", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--serve", action="store_true",
                         help="take commands on stdin (ferry-bench --peers drives this)")
+    parser.add_argument("--jax-plugin", default=None,
+                        help="a PJRT plugin library (.so) jax puts onto instead of its CPU device")
     args = parser.parse_args()
+    global JAX_PLUGIN
+    JAX_PLUGIN = args.jax_plugin
     if args.serve:
         serve(args.size)
         return

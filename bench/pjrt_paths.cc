@@ -210,6 +210,11 @@ class PluginReadPath : public Path {
 
 bool IsPjrtDevice(const Device* device) { return AsPjrtDevice(device) != nullptr; }
 
+std::string PjrtPluginPathOf(const Device* device) {
+  StatusOr<const pjrt::PjrtClient*> client = ClientOf(device);
+  return client.ok() ? (*client)->platform().plugin_path : std::string();
+}
+
 StatusOr<std::unique_ptr<Path>> MakePjrtPutPath(
     std::vector<std::shared_ptr<const TensorSource>> sources, std::vector<Device*> devices,
     std::vector<DType> device_dtypes) {
@@ -246,6 +251,8 @@ StatusOr<std::unique_ptr<Path>> MakePjrtReadPath(const std::vector<DataPtr>& dat
 #else  // !FERRY_HAVE_PJRT
 
 bool IsPjrtDevice(const Device*) { return false; }
+
+std::string PjrtPluginPathOf(const Device*) { return std::string(); }
 
 StatusOr<std::unique_ptr<Path>> MakePjrtPutPath(std::vector<std::shared_ptr<const TensorSource>>,
                                                 std::vector<Device*>, std::vector<DType>) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ferry/core/dtype.h"
@@ -22,6 +23,9 @@ namespace ferry::bench {
 
 // True when `device` is a device of ferry's pjrt backend.
 bool IsPjrtDevice(const Device* device);
+// The plugin library of a pjrt device's client (for the jax peer, which loads the same plugin);
+// empty for any other device.
+std::string PjrtPluginPathOf(const Device* device);
 
 // The plugin's put. Run(): per source i, in order, when `device_dtypes[i]` differs from the
 // source's dtype a fresh temporary of that dtype filled by the old copy-convert (numpy's astype),

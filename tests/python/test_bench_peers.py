@@ -129,3 +129,29 @@ def test_ferry_bench_reports_peers_that_cannot_start(tmp_path):
     for peer in ("torch", "jax", "numpy"):
         assert row[f"vs_{peer}"] is None
         assert "no-such-python" in row[f"{peer}_error"]
+
+
+def xla_cpu_plugin():
+    import sysconfig
+
+    path = pathlib.Path(sysconfig.get_paths()["purelib"]) / "xla_plugins" / "xla_cpu_pjrt" / \
+        "xla_cpu_pjrt.so"
+    return path if path.is_file() else None
+
+
+@pytest.mark.skipif(not peer_available("jax"), reason="jax is not installed")
+@pytest.mark.skipif(xla_cpu_plugin() is None, reason="xla-cpu-pjrt is not installed")
+def test_jax_puts_onto_the_pjrt_plugin_when_given_one():
+    # What ferry-bench --peers does on a pjrt device: jax puts onto the same plugin, and checks
+    # every result against the source as on its own CPU device.
+    plugin = str(xla_cpu_plugin())
+    output = subprocess.run(
+        [sys.executable, str(PEERS), "--size", SIZE, "--repeats", "2", "--case",
+         "h2d_transposed", "d2h_upcast_bf16_f32", "--jax-plugin", plugin],
+        check=True, capture_output=True, text=True, timeout=300)
+    rows = json.loads(output.stdout)["results"]
+    assert [row["case"] for row in rows] == ["h2d_transposed", "d2h_upcast_bf16_f32"]
+    for row in rows:
+        assert "jax_error" not in row, row.get("jax_error")
+        assert row["jax_device"] == plugin
+        assert row["jax_seconds_median"] > 0
