@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -63,6 +64,38 @@ struct MappedFileSignals {
   static inline struct sigaction previous {};
   static inline uintptr_t page_size = 4096;
 
+  // Async-signal-safe: write(2) only, no allocation, errno preserved.
+  static void WriteToStderr(const char* text, size_t size) {
+    while (size > 0) {
+      const ssize_t written = ::write(STDERR_FILENO, text, size);
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) return;
+      text += written;
+      size -= static_cast<size_t>(written);
+    }
+  }
+  static void ReportVanishedPages(const MappedFile& file, int64_t offset) {
+    const int saved_errno = errno;
+    constexpr std::string_view kStart = "ferry: file '";
+    constexpr std::string_view kMiddle = "' was truncated while it was mapped: reads from byte ";
+    constexpr std::string_view kEnd =
+        " on see zeros, not the file's data (ferry's own transfers of it fail with DataLoss; "
+        "replace tensor files instead of rewriting them in place)\n";
+    char digits[24];
+    size_t count = 0;
+    auto value = static_cast<uint64_t>(std::max<int64_t>(0, std::min(offset, file.size())));
+    do {
+      digits[sizeof(digits) - 1 - count++] = static_cast<char>('0' + value % 10);
+      value /= 10;
+    } while (value != 0 && count < sizeof(digits));
+    WriteToStderr(kStart.data(), kStart.size());
+    WriteToStderr(file.display_name().data(), file.display_name().size());
+    WriteToStderr(kMiddle.data(), kMiddle.size());
+    WriteToStderr(digits + sizeof(digits) - count, count);
+    WriteToStderr(kEnd.data(), kEnd.size());
+    errno = saved_errno;
+  }
+
   static void Handler(int signal_number, siginfo_t* info, void* context) {
     const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
     Slot* slots = Slots();
@@ -85,6 +118,11 @@ struct MappedFileSignals {
              !file->vanished_from_.compare_exchange_weak(seen, offset, std::memory_order_relaxed)) {
       }
       events.fetch_add(1, std::memory_order_relaxed);
+      // Once per mapping, on stderr: a reader that is not ferry (numpy on an array of the file)
+      // gets the zeros with no error of its own, so the process says what happened.
+      if (!file->vanish_reported_.exchange(true, std::memory_order_relaxed)) {
+        ReportVanishedPages(*file, offset);
+      }
       return;
     }
     // Not a mapping of ours: what would have happened without this handler.

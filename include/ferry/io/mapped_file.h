@@ -91,6 +91,8 @@ class MappedFile {
   // Set by the SIGBUS handler: the smallest offset of the mapping whose page vanished (int64 max
   // when none did).
   mutable std::atomic<int64_t> vanished_from_{INT64_MAX};
+  // Set by the SIGBUS handler once it has said on stderr that this mapping lost pages.
+  mutable std::atomic<bool> vanish_reported_{false};
 };
 
 }  // namespace ferry
