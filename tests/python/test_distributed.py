@@ -76,8 +76,9 @@ def test_a_rank_that_dies_gives_every_survivor_a_clear_error(tmp_path):
     assert result.returncode != 0
     assert "no error" not in result.stdout, result.stdout
     survivors = [line for line in result.stdout.splitlines() if " error: " in line]
-    # Both survivors report in almost every run; once in a loaded full-suite run only one did
-    # (MPICH's launcher may still end a survivor itself, see docs/distributed.md).
+    # Both survivors reported in every run looked at; the stricter form of this check failed once
+    # in a full run on a loaded machine, output not kept (MPICH's launcher can end a survivor
+    # itself, see docs/distributed.md), so it asks for at least one clear report.
     assert survivors and {line.split()[1] for line in survivors} <= {"0", "2"}, \
         result.stdout + result.stderr
     assert all("ended" in line and "no rank can go on" in line for line in survivors), survivors
