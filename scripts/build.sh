@@ -6,6 +6,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 flavour=${1:-plain}
 shift || true
 jobs=${FERRY_JOBS:-2}
+# shellcheck source=compiler_cache.sh
+source "$root/scripts/compiler_cache.sh"
 
 case "$flavour" in
   plain) flags=(-DCMAKE_BUILD_TYPE=Release) ;;

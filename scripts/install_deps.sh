@@ -6,6 +6,8 @@ set -euo pipefail
 packages=(
   # toolchain
   g++ cmake ninja-build pkg-config clang-format
+  # compiler cache: rebuilds of unchanged sources (scripts/compiler_cache.sh)
+  ccache
   # clang and its runtime libraries: the libFuzzer targets (FERRY_BUILD_FUZZERS)
   clang libclang-rt-14-dev
   # C++ libraries (found by CMake with find_package / pkg-config)

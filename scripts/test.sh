@@ -10,6 +10,8 @@ cd "$root"
 # The Python environment first: it holds the PJRT C API header the builds need for the pjrt
 # backend (xla-cpu-pjrt) and the plugins its tests load.
 python=$("$root/scripts/python_env.sh" | tail -n 1)
+# shellcheck source=compiler_cache.sh
+source "$root/scripts/compiler_cache.sh"
 
 run_ctest() {
   local flavour=$1
