@@ -335,71 +335,77 @@ struct CaseResult {
   std::optional<std::string> peers_failure;  // why the peers have no times
 };
 
-// `raw_clwrite_seconds_per_byte`: raw_clwrite's median time per byte when it ran earlier in this
-// run, for the vs_raw_clwrite ratio; `peers` (--peers, for a case bench/peers.py knows, else
-// null): timed once after each of ferry's runs.
-StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
-                             int repeats, std::optional<double> raw_clwrite_seconds_per_byte,
-                             PeerSession* peers) {
-  FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
-  if (prepared.skip_reason.has_value()) {
-    CaseResult skipped;
-    skipped.skipped = true;
-    skipped.json["case"] = definition.name;
-    skipped.json["skipped"] = *prepared.skip_reason;
-    skipped.row = fmt::format("{:<25} skipped: {}", definition.name, *prepared.skip_reason);
-    return skipped;
-  }
-  if (prepared.devices.empty()) prepared.devices = {context.device};
-  FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, prepared.devices));
-  CaseResult result;
-  if (peers != nullptr) {
-    if (Status status = peers->Prepare(definition.name); !status.ok()) {
-      result.peers_failure = status.ToString();
-    }
-  }
-  const OtherCpuMeter other_cpu(peers != nullptr ? peers->pid() : -1);
+// The yardsticks' own buffers, each written once so that no page fault is timed: memcpy's source
+// and destination, and, for a case with a floor pass, the floor pass's (huge pages like the
+// case's source and device memory).
+struct YardstickBuffers {
+  std::unique_ptr<std::byte[]> memcpy_source;
+  std::unique_ptr<std::byte[]> memcpy_destination;
+  std::optional<HostTensor> floor_source;
+  std::optional<HostTensor> floor_destination;
+};
 
-  // The yardstick's buffers, both written once so that no page fault is timed.
-  auto memcpy_source =
+StatusOr<YardstickBuffers> AllocateYardstickBuffers(const PreparedCase& prepared) {
+  YardstickBuffers buffers;
+  buffers.memcpy_source =
       std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(prepared.bytes));
-  auto memcpy_destination =
+  buffers.memcpy_destination =
       std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(prepared.bytes));
-  std::memset(memcpy_source.get(), 0x5a, static_cast<size_t>(prepared.bytes));
-  std::memset(memcpy_destination.get(), 0xa5, static_cast<size_t>(prepared.bytes));
-  MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes);  // warm-up
-  // The floor pass's buffers: huge pages like the case's source and device memory, written once.
-  std::optional<HostTensor> floor_source, floor_destination;
+  std::memset(buffers.memcpy_source.get(), 0x5a, static_cast<size_t>(prepared.bytes));
+  std::memset(buffers.memcpy_destination.get(), 0xa5, static_cast<size_t>(prepared.bytes));
+  MeasureMemcpy(buffers.memcpy_destination.get(), buffers.memcpy_source.get(),
+                prepared.bytes);  // warm-up
   if (prepared.halving_floor_bytes > 0) {
-    FERRY_ASSIGN_OR_RETURN(floor_source,
+    FERRY_ASSIGN_OR_RETURN(buffers.floor_source,
                            HostTensor::Allocate(DType::kU8, {2 * prepared.halving_floor_bytes}));
-    FERRY_ASSIGN_OR_RETURN(floor_destination,
+    FERRY_ASSIGN_OR_RETURN(buffers.floor_destination,
                            HostTensor::Allocate(DType::kU8, {prepared.halving_floor_bytes}));
-    std::memset(floor_source->data(), 0x5a, static_cast<size_t>(floor_source->size_bytes()));
-    std::memset(floor_destination->data(), 0xa5,
-                static_cast<size_t>(floor_destination->size_bytes()));
+    std::memset(buffers.floor_source->data(), 0x5a,
+                static_cast<size_t>(buffers.floor_source->size_bytes()));
+    std::memset(buffers.floor_destination->data(), 0xa5,
+                static_cast<size_t>(buffers.floor_destination->size_bytes()));
   }
+  return buffers;
+}
 
-  std::vector<double> memcpy_seconds, memcpy_fresh_seconds, copy_peak_seconds, ferry_seconds,
-      staged_seconds, floor_seconds, raw_pjrt_seconds;
-  int64_t ferry_peak = 0, ferry_retained = 0, staged_peak = 0;
-  // Ferry, its floor pass and its peers take turns, so that a drift of the machine's memory
-  // bandwidth (it has phases minutes long here) reaches them alike.
+// What the runs of one case measured: seconds per timed run of each path and yardstick, and the
+// heap peaks of the accounted runs.
+struct CaseTimes {
+  std::vector<double> ferry, memcpy, memcpy_fresh, copy_peak, staged, floor, raw_pjrt;
+  int64_t ferry_peak = 0;
+  int64_t ferry_retained = 0;
+  int64_t staged_peak = 0;
+};
+
+// Ferry, its floor pass and its peers take turns, so that a drift of the machine's memory
+// bandwidth (it has phases minutes long here) reaches them alike. A peer failure is kept in
+// `peers_failure` (the peers then stop), not returned.
+Status TimeFerryTurns(PreparedCase& prepared, YardstickBuffers& buffers, int repeats,
+                      PeerSession* peers, CaseTimes& times,
+                      std::optional<std::string>& peers_failure) {
   for (int run = 0; run < repeats; ++run) {
     FERRY_ASSIGN_OR_RETURN(Sample ferry,
                            MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/false));
-    ferry_seconds.push_back(ferry.seconds);
-    if (floor_source.has_value()) {
-      if (const std::optional<double> floor = MeasureHalvingFloor(
-              static_cast<const std::byte*>(floor_source->data()),
-              static_cast<std::byte*>(floor_destination->data()), prepared.halving_floor_bytes)) {
-        floor_seconds.push_back(*floor);
+    times.ferry.push_back(ferry.seconds);
+    if (buffers.floor_source.has_value()) {
+      if (const std::optional<double> floor =
+              MeasureHalvingFloor(static_cast<const std::byte*>(buffers.floor_source->data()),
+                                  static_cast<std::byte*>(buffers.floor_destination->data()),
+                                  prepared.halving_floor_bytes)) {
+        times.floor.push_back(*floor);
       }
     }
-    if (peers != nullptr && !result.peers_failure.has_value()) {
-      if (Status status = peers->RunOnce(); !status.ok()) result.peers_failure = status.ToString();
+    if (peers != nullptr && !peers_failure.has_value()) {
+      if (Status status = peers->RunOnce(); !status.ok()) peers_failure = status.ToString();
     }
   }
+  return OkStatus();
+}
+
+// The peers' row for the case after their timed runs (null without peers): their times, or,
+// when they failed, a row without times that says why. Keeps their versions in `result`.
+std::optional<Json> FinishPeers(PeerSession* peers, const CaseDefinition& definition,
+                                CaseResult& result) {
   std::optional<Json> peer_row;
   if (peers != nullptr && !result.peers_failure.has_value()) {
     StatusOr<Json> row = peers->Finish();
@@ -413,75 +419,118 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   if (result.peers_failure.has_value()) {
     peer_row = PeerRowWithoutTimes(definition.name, *result.peers_failure);
   }
+  return peer_row;
+}
+
+// The yardsticks (memcpy three ways, the staged path, the plugin's own path) take turns too.
+Status TimeYardstickTurns(PreparedCase& prepared, const YardstickBuffers& buffers, int repeats,
+                          CaseTimes& times) {
+  std::byte* const destination = buffers.memcpy_destination.get();
+  const std::byte* const source = buffers.memcpy_source.get();
   for (int run = 0; run < repeats; ++run) {
-    memcpy_seconds.push_back(
-        MeasureMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
-    memcpy_fresh_seconds.push_back(MeasureMemcpyToFreshMemory(memcpy_source.get(), prepared.bytes));
-    copy_peak_seconds.push_back(
-        MeasureParallelMemcpy(memcpy_destination.get(), memcpy_source.get(), prepared.bytes));
+    times.memcpy.push_back(MeasureMemcpy(destination, source, prepared.bytes));
+    times.memcpy_fresh.push_back(MeasureMemcpyToFreshMemory(source, prepared.bytes));
+    times.copy_peak.push_back(MeasureParallelMemcpy(destination, source, prepared.bytes));
     if (prepared.staged != nullptr) {
       FERRY_ASSIGN_OR_RETURN(Sample staged, MeasureOnce(*prepared.staged, prepared.devices,
                                                         /*account_heap=*/false));
-      staged_seconds.push_back(staged.seconds);
+      times.staged.push_back(staged.seconds);
     }
     if (prepared.raw_pjrt != nullptr) {
       FERRY_ASSIGN_OR_RETURN(Sample plugin, MeasureOnce(*prepared.raw_pjrt, prepared.devices,
                                                         /*account_heap=*/false));
-      raw_pjrt_seconds.push_back(plugin.seconds);
+      times.raw_pjrt.push_back(plugin.seconds);
     }
   }
-  // The peaks come from one more run of each path with the host memory cache emptied first: a
-  // block the cache hands out adds nothing to the heap, so a timed run (cache warm) would hide
-  // what the transfer itself allocates. Freed blocks cached during the run still count as live,
-  // which can only overstate the peak.
+  return OkStatus();
+}
+
+// The peaks come from one more run of each path with the host memory cache emptied first: a
+// block the cache hands out adds nothing to the heap, so a timed run (cache warm) would hide
+// what the transfer itself allocates. Freed blocks cached during the run still count as live,
+// which can only overstate the peak.
+Status AccountHeapPeaks(PreparedCase& prepared, CaseTimes& times) {
   ReleaseCachedHostMemory();
   FERRY_ASSIGN_OR_RETURN(Sample ferry_accounted,
                          MeasureOnce(*prepared.ferry, prepared.devices, /*account_heap=*/true));
-  ferry_peak = ferry_accounted.peak_extra_bytes;
-  ferry_retained = ferry_accounted.retained_extra_bytes;
+  times.ferry_peak = ferry_accounted.peak_extra_bytes;
+  times.ferry_retained = ferry_accounted.retained_extra_bytes;
   if (prepared.staged != nullptr) {
     ReleaseCachedHostMemory();
     FERRY_ASSIGN_OR_RETURN(Sample staged_accounted,
                            MeasureOnce(*prepared.staged, prepared.devices, /*account_heap=*/true));
-    staged_peak = staged_accounted.peak_extra_bytes;
+    times.staged_peak = staged_accounted.peak_extra_bytes;
   }
+  return OkStatus();
+}
 
-  const double seconds = Median(ferry_seconds);
-  const double memcpy_median = Median(memcpy_seconds);
-  const bool has_staged = prepared.staged != nullptr;
-  const double staged_median = Median(staged_seconds);
-  const double gbps = static_cast<double>(prepared.bytes) / seconds / 1e9;
-  Json& json = result.json;
+// The medians and bests a case's row is made of.
+struct CaseSummary {
+  double seconds = 0;  // ferry's median
+  double gbps = 0;
+  double memcpy_median = 0;
+  double copy_peak = 0;  // the best (not the median) all-core copy: the machine's copy ceiling
+  bool has_staged = false;
+  double staged_median = 0;
+  // The best floor pass: no transfer of these bytes can be faster here, so neither can the staged
+  // path's time over it be beaten by any fused path: vs_staged's ceiling in this run.
+  std::optional<double> floor;
+};
+
+CaseSummary Summarize(const PreparedCase& prepared, const CaseTimes& times) {
+  CaseSummary summary;
+  summary.seconds = Median(times.ferry);
+  summary.gbps = static_cast<double>(prepared.bytes) / summary.seconds / 1e9;
+  summary.memcpy_median = Median(times.memcpy);
+  summary.copy_peak = *std::min_element(times.copy_peak.begin(), times.copy_peak.end());
+  summary.has_staged = prepared.staged != nullptr;
+  summary.staged_median = Median(times.staged);
+  if (!times.floor.empty()) {
+    summary.floor = *std::min_element(times.floor.begin(), times.floor.end());
+  }
+  return summary;
+}
+
+// The case's measured numbers against the yardsticks, as JSON (the first part of its row).
+Json CaseJson(const CaseDefinition& definition, const PreparedCase& prepared,
+              const CaseTimes& times, const CaseSummary& summary) {
+  const double seconds = summary.seconds;
+  Json json;
   json["case"] = definition.name;
   json["description"] = definition.description;
   json["bytes"] = prepared.bytes;
   json["seconds_median"] = seconds;
-  json["gbps"] = gbps;
-  json["vs_memcpy"] = memcpy_median / seconds;
-  // The best (not the median) of the all-core copies: the machine's copy ceiling.
-  const double copy_peak = *std::min_element(copy_peak_seconds.begin(), copy_peak_seconds.end());
-  json["vs_copy_peak"] = copy_peak / seconds;
-  json["copy_peak_seconds"] = copy_peak;
-  json["vs_staged"] = has_staged ? Json(staged_median / seconds) : Json(nullptr);
-  json["peak_extra_bytes"] = HeapAccountingEnabled() ? Json(ferry_peak) : Json(nullptr);
+  json["gbps"] = summary.gbps;
+  json["vs_memcpy"] = summary.memcpy_median / seconds;
+  json["vs_copy_peak"] = summary.copy_peak / seconds;
+  json["copy_peak_seconds"] = summary.copy_peak;
+  json["vs_staged"] = summary.has_staged ? Json(summary.staged_median / seconds) : Json(nullptr);
+  json["peak_extra_bytes"] = HeapAccountingEnabled() ? Json(times.ferry_peak) : Json(nullptr);
   json["peak_extra_retained_bytes"] =
-      HeapAccountingEnabled() ? Json(ferry_retained) : Json(nullptr);
+      HeapAccountingEnabled() ? Json(times.ferry_retained) : Json(nullptr);
   json["staged_peak_extra_bytes"] =
-      HeapAccountingEnabled() && has_staged ? Json(staged_peak) : Json(nullptr);
-  json["memcpy_seconds_median"] = memcpy_median;
-  json["vs_memcpy_fresh"] = Median(memcpy_fresh_seconds) / seconds;
-  json["memcpy_fresh_seconds_median"] = Median(memcpy_fresh_seconds);
-  json["staged_seconds_median"] = has_staged ? Json(staged_median) : Json(nullptr);
-  // The best floor pass: no transfer of these bytes can be faster here, so neither can the staged
-  // path's time over it be beaten by any fused path: vs_staged's ceiling in this run.
-  std::optional<double> floor;
-  if (!floor_seconds.empty()) {
-    floor = *std::min_element(floor_seconds.begin(), floor_seconds.end());
-    json["floor_seconds"] = *floor;
-    json["vs_floor"] = *floor / seconds;
-    if (has_staged) json["vs_staged_bound"] = staged_median / *floor;
+      HeapAccountingEnabled() && summary.has_staged ? Json(times.staged_peak) : Json(nullptr);
+  json["memcpy_seconds_median"] = summary.memcpy_median;
+  json["vs_memcpy_fresh"] = Median(times.memcpy_fresh) / seconds;
+  json["memcpy_fresh_seconds_median"] = Median(times.memcpy_fresh);
+  json["staged_seconds_median"] = summary.has_staged ? Json(summary.staged_median) : Json(nullptr);
+  if (summary.floor.has_value()) {
+    json["floor_seconds"] = *summary.floor;
+    json["vs_floor"] = *summary.floor / seconds;
+    if (summary.has_staged) json["vs_staged_bound"] = summary.staged_median / *summary.floor;
   }
   json["tensors"] = prepared.tensors;
+  return json;
+}
+
+// The comparisons that only some cases have (rates, the raw runtimes, the floor pass, the peers,
+// the machine's other load): each adds its fields to `json` and returns its notes.
+std::string AddComparisons(const PreparedCase& prepared, const CaseTimes& times,
+                           const CaseSummary& summary,
+                           std::optional<double> raw_clwrite_seconds_per_byte,
+                           const std::optional<Json>& peer_row, const OtherCpuMeter& other_cpu,
+                           Json& json) {
+  const double seconds = summary.seconds;
   std::string notes;
   auto add_note = [&notes](const std::string& note) { AddNote(notes, note); };
   if (prepared.tensors > 1 && prepared.devices.size() == 1) {
@@ -498,58 +547,107 @@ StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext
   }
   if (prepared.raw_pjrt != nullptr) {
     // The plugin's own path to the same result, timed in the same turns as memcpy and staged.
-    const double raw_pjrt_median = Median(raw_pjrt_seconds);
+    const double raw_pjrt_median = Median(times.raw_pjrt);
     json["vs_raw_pjrt"] = raw_pjrt_median / seconds;
     json["raw_pjrt_seconds_median"] = raw_pjrt_median;
-    json["raw_pjrt_seconds_all"] = raw_pjrt_seconds;
+    json["raw_pjrt_seconds_all"] = times.raw_pjrt;
     json["raw_pjrt_method"] = prepared.raw_pjrt_method;
     add_note(fmt::format("vs raw pjrt {:.2f}x ({})", raw_pjrt_median / seconds,
                          FormatSeconds(raw_pjrt_median)));
   }
-  if (floor.has_value()) {
+  if (summary.floor.has_value()) {
+    const double floor = *summary.floor;
     std::string note =
-        fmt::format("floor pass {} (ferry {:.2f}x of it)", FormatSeconds(*floor), *floor / seconds);
-    if (has_staged) {
-      note += fmt::format(": vs staged {:.2f}x at most", staged_median / *floor);
+        fmt::format("floor pass {} (ferry {:.2f}x of it)", FormatSeconds(floor), floor / seconds);
+    if (summary.has_staged) {
+      note += fmt::format(": vs staged {:.2f}x at most", summary.staged_median / floor);
     }
     add_note(note);
   }
   if (peer_row.has_value()) AddPeerComparison(*peer_row, seconds, json, notes);
-  if (!has_staged) add_note(prepared.no_staged_note);
-  if (HeapAccountingEnabled() && ferry_retained > 4 * kMiB) {
+  if (!summary.has_staged) add_note(prepared.no_staged_note);
+  if (HeapAccountingEnabled() && times.ferry_retained > 4 * kMiB) {
     add_note(fmt::format("peak extra: {} still allocated after the run (allocator slack)",
-                         FormatBytes(static_cast<double>(ferry_retained))));
+                         FormatBytes(static_cast<double>(times.ferry_retained))));
   }
   if (const std::optional<double> busy = other_cpu.OtherBusyPercent()) {
     json["other_cpu_percent"] = *busy;
     if (*busy > 10) add_note(fmt::format("other processes used {:.0f}% of the CPUs", *busy));
   }
+  return notes;
+}
+
+// The case's line of the table.
+std::string CaseRow(const CaseDefinition& definition, const PreparedCase& prepared,
+                    const CaseTimes& times, const CaseSummary& summary, const std::string& notes) {
+  const double seconds = summary.seconds;
+  const std::string vs_staged = summary.has_staged
+                                    ? fmt::format("{:.2f}x", summary.staged_median / seconds)
+                                    : std::string("-");
+  std::string staged_peak_text = "-";
+  if (summary.has_staged) {
+    staged_peak_text =
+        HeapAccountingEnabled() ? FormatBytes(static_cast<double>(times.staged_peak)) : "n/a";
+  }
+  return fmt::format(
+      "{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>9.2f}x {:>10} {:>11} {:>11}  {}", definition.name,
+      FormatBytes(static_cast<double>(prepared.bytes)), FormatSeconds(seconds), summary.gbps,
+      summary.memcpy_median / seconds, summary.copy_peak / seconds, vs_staged,
+      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(times.ferry_peak)) : "n/a",
+      staged_peak_text, notes);
+}
+
+CaseResult SkippedCase(const CaseDefinition& definition, const std::string& reason) {
+  CaseResult skipped;
+  skipped.skipped = true;
+  skipped.json["case"] = definition.name;
+  skipped.json["skipped"] = reason;
+  skipped.row = fmt::format("{:<25} skipped: {}", definition.name, reason);
+  return skipped;
+}
+
+// Prepares, checks and times one case, and makes its JSON and its line of the table.
+// `raw_clwrite_seconds_per_byte`: raw_clwrite's median time per byte when it ran earlier in this
+// run, for the vs_raw_clwrite ratio; `peers` (--peers, for a case bench/peers.py knows, else
+// null): timed once after each of ferry's runs.
+StatusOr<CaseResult> RunCase(const CaseDefinition& definition, const CaseContext& context,
+                             int repeats, std::optional<double> raw_clwrite_seconds_per_byte,
+                             PeerSession* peers) {
+  FERRY_ASSIGN_OR_RETURN(PreparedCase prepared, definition.prepare(context));
+  if (prepared.skip_reason.has_value()) return SkippedCase(definition, *prepared.skip_reason);
+  if (prepared.devices.empty()) prepared.devices = {context.device};
+  FERRY_RETURN_IF_ERROR(WarmUpAndVerify(prepared, prepared.devices));
+  CaseResult result;
+  if (peers != nullptr) {
+    if (Status status = peers->Prepare(definition.name); !status.ok()) {
+      result.peers_failure = status.ToString();
+    }
+  }
+  const OtherCpuMeter other_cpu(peers != nullptr ? peers->pid() : -1);
+
+  FERRY_ASSIGN_OR_RETURN(YardstickBuffers buffers, AllocateYardstickBuffers(prepared));
+  CaseTimes times;
+  FERRY_RETURN_IF_ERROR(
+      TimeFerryTurns(prepared, buffers, repeats, peers, times, result.peers_failure));
+  const std::optional<Json> peer_row = FinishPeers(peers, definition, result);
+  FERRY_RETURN_IF_ERROR(TimeYardstickTurns(prepared, buffers, repeats, times));
+  FERRY_RETURN_IF_ERROR(AccountHeapPeaks(prepared, times));
+
+  const CaseSummary summary = Summarize(prepared, times);
+  result.json = CaseJson(definition, prepared, times, summary);
+  Json& json = result.json;
+  std::string notes = AddComparisons(prepared, times, summary, raw_clwrite_seconds_per_byte,
+                                     peer_row, other_cpu, json);
   json["repeats"] = repeats;
-  json["seconds_all"] = ferry_seconds;
-  json["memcpy_seconds_all"] = memcpy_seconds;
-  json["staged_seconds_all"] = staged_seconds;
+  json["seconds_all"] = times.ferry;
+  json["memcpy_seconds_all"] = times.memcpy;
+  json["staged_seconds_all"] = times.staged;
   for (auto& [key, value] : prepared.details.items()) json[key] = value;
   if (prepared.after_timing) {
-    memcpy_source.reset();  // the yardstick's memory is not needed by what runs next
-    memcpy_destination.reset();
-    floor_source.reset();
-    floor_destination.reset();
+    buffers = {};  // the yardsticks' memory is not needed by what runs next
     prepared.after_timing(json, notes);
   }
-
-  const std::string vs_staged =
-      has_staged ? fmt::format("{:.2f}x", staged_median / seconds) : std::string("-");
-  std::string staged_peak_text = "-";
-  if (has_staged) {
-    staged_peak_text =
-        HeapAccountingEnabled() ? FormatBytes(static_cast<double>(staged_peak)) : "n/a";
-  }
-  result.row = fmt::format(
-      "{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>9.2f}x {:>10} {:>11} {:>11}  {}", definition.name,
-      FormatBytes(static_cast<double>(prepared.bytes)), FormatSeconds(seconds), gbps,
-      memcpy_median / seconds, copy_peak / seconds, vs_staged,
-      HeapAccountingEnabled() ? FormatBytes(static_cast<double>(ferry_peak)) : "n/a",
-      staged_peak_text, notes);
+  result.row = CaseRow(definition, prepared, times, summary, notes);
   return result;
 }
 
@@ -640,8 +738,8 @@ std::string FormatPythonRow(const Json& row) {
                          : std::string("(run h2d_contiguous too to compare with C++)"));
 }
 
-int RunBench(int argc, char** argv) {
-  CLI::App app{"ferry-bench: ferry's transfers next to memcpy and the old staged path"};
+// The command line of ferry-bench.
+struct BenchOptions {
   std::vector<std::string> case_names;
   double scale = 1.0;
   std::string json_path;
@@ -651,35 +749,43 @@ int RunBench(int argc, char** argv) {
   bool list = false;
   bool peers = false;
   std::string python;
-  app.add_option("--python", python,
+};
+
+void AddBenchOptions(CLI::App& app, BenchOptions& options) {
+  app.add_option("--python", options.python,
                  "Also run the Python-layer cases (py_put_small, py_put_large; bench/py_bench.py) "
                  "with this interpreter, which must have the ferry package installed, and time "
                  "the real loaders (safetensors, torch.load; bench/loader_peers.py) in the file "
                  "cases");
-  app.add_flag("--peers", peers,
+  app.add_flag("--peers", options.peers,
                "Also time the same transfers with torch, jax and numpy (bench/peers.py, run with "
                "--python, else the source tree's .venv/bin/python) and add vs_torch, vs_jax and "
                "vs_numpy to the rows");
-  app.add_option("--case", case_names, "Run only these cases (repeatable, or a comma list)")
+  app.add_option("--case", options.case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
-  app.add_option("--size", scale, "Multiply every case's size by this (e.g. 0.1 for a quick run)")
+  app.add_option("--size", options.scale,
+                 "Multiply every case's size by this (e.g. 0.1 for a quick run)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--json", json_path, "Also write the results to this JSON file");
-  app.add_option("--device", device_name, "Device as backend:index")->capture_default_str();
-  app.add_option("--repeats", repeats, "Timed runs per case (the median is reported)")
+  app.add_option("--json", options.json_path, "Also write the results to this JSON file");
+  app.add_option("--device", options.device_name, "Device as backend:index")->capture_default_str();
+  app.add_option("--repeats", options.repeats, "Timed runs per case (the median is reported)")
       ->check(CLI::Range(5, 1000))
       ->capture_default_str();
-  app.add_option("--workers", workers, "Worker threads of the backend (default: the backend's)");
-  app.add_flag("--list", list, "List the cases and exit");
-  CLI11_PARSE(app, argc, argv);
+  app.add_option("--workers", options.workers,
+                 "Worker threads of the backend (default: the backend's)");
+  app.add_flag("--list", options.list, "List the cases and exit");
+}
 
-  const std::vector<CaseDefinition> cases = AllCases();
-  if (list) {
-    for (const CaseDefinition& definition : cases) {
-      fmt::print("{:<25} {}\n", definition.name, definition.description);
-    }
-    return 0;
-  }
+// A command line ferry-bench cannot run is InvalidArgument (exit status 2); a failure to start is
+// any other code (exit status 1). The message follows "ferry-bench: ".
+int ReportSetupError(const Status& status) {
+  fmt::print(stderr, "ferry-bench: {}\n", std::string(status.message()));
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// The cases named by --case, in the order of `cases` (all of them without --case).
+StatusOr<std::vector<const CaseDefinition*>> SelectCases(
+    const std::vector<CaseDefinition>& cases, const std::vector<std::string>& case_names) {
   std::vector<const CaseDefinition*> selected;
   for (const CaseDefinition& definition : cases) {
     if (case_names.empty() ||
@@ -690,35 +796,45 @@ int RunBench(int argc, char** argv) {
   for (const std::string& name : case_names) {
     if (std::none_of(cases.begin(), cases.end(),
                      [&](const CaseDefinition& d) { return name == d.name; })) {
-      fmt::print(stderr, "ferry-bench: unknown case '{}' (--list shows them)\n", name);
-      return 2;
+      return InvalidArgumentError(fmt::format("unknown case '{}' (--list shows them)", name));
     }
   }
+  return selected;
+}
 
-  std::string peers_python = python;
-  if (peers && peers_python.empty()) {
-    const std::filesystem::path venv =
-        std::filesystem::path(FERRY_SOURCE_DIR) / ".venv" / "bin" / "python";
-    if (!std::filesystem::exists(venv)) {
-      fmt::print(stderr,
-                 "ferry-bench: --peers needs --python PY (an interpreter with torch, jax, numpy "
-                 "and ml_dtypes); there is no {}\n",
-                 venv.string());
-      return 2;
-    }
-    peers_python = venv.string();
+// The interpreter the peers run with: --python, else the source tree's .venv.
+StatusOr<std::string> PeersPython(const std::string& python) {
+  if (!python.empty()) return python;
+  const std::filesystem::path venv =
+      std::filesystem::path(FERRY_SOURCE_DIR) / ".venv" / "bin" / "python";
+  if (!std::filesystem::exists(venv)) {
+    return InvalidArgumentError(
+        fmt::format("--peers needs --python PY (an interpreter with torch, jax, numpy and "
+                    "ml_dtypes); there is no {}",
+                    venv.string()));
   }
+  return venv.string();
+}
 
+// The backend's client and the device the cases run on (--device backend:index).
+struct BenchDevice {
+  std::unique_ptr<Client> client;
+  std::string backend;
+  Device* device = nullptr;
+};
+
+StatusOr<BenchDevice> OpenBenchDevice(const std::string& device_name, std::optional<int> workers) {
   const size_t colon = device_name.find(':');
-  const std::string backend = device_name.substr(0, colon);
+  BenchDevice opened;
+  opened.backend = device_name.substr(0, colon);
+  const std::string& backend = opened.backend;
   int device_index = 0;
   if (colon != std::string::npos) {
     const std::string index_text = device_name.substr(colon + 1);
     char* end = nullptr;
     const long index = std::strtol(index_text.c_str(), &end, 10);
     if (index_text.empty() || *end != '\0' || index < 0) {
-      fmt::print(stderr, "ferry-bench: --device '{}' is not backend:index\n", device_name);
-      return 2;
+      return InvalidArgumentError(fmt::format("--device '{}' is not backend:index", device_name));
     }
     device_index = static_cast<int>(index);
   }
@@ -736,24 +852,27 @@ int RunBench(int argc, char** argv) {
     client = CreateClient(backend, client_options);
   }
   if (!client.ok()) {
-    fmt::print(stderr, "ferry-bench: cannot start backend '{}': {}\n", backend,
-               client.status().ToString());
-    return 1;
+    return UnavailableError(
+        fmt::format("cannot start backend '{}': {}", backend, client.status().ToString()));
   }
-  const auto devices = (*client)->devices();
+  opened.client = std::move(*client);
+  const auto devices = opened.client->devices();
   if (device_index >= static_cast<int>(devices.size())) {
-    fmt::print(stderr, "ferry-bench: backend '{}' has {} device(s); there is no index {}\n",
-               backend, devices.size(), device_index);
-    return 2;
+    return InvalidArgumentError(fmt::format("backend '{}' has {} device(s); there is no index {}",
+                                            backend, devices.size(), device_index));
   }
-  Device* device = devices[device_index];
+  opened.device = devices[device_index];
+  return opened;
+}
 
-  Json machine = DescribeMachine();
+// The lines above the table: the machine, the settings, the peers, and the column titles.
+void PrintPreamble(const Json& machine, const Device& device, const BenchOptions& options,
+                   const std::string& peers_python) {
   fmt::print(
       "ferry-bench on {} ({} cores), device {}; size x{}, median of {} runs after 1 "
       "warm-up\n",
-      machine["cpu_model"].get<std::string>(), machine["cores"].get<unsigned>(), device->name(),
-      scale, repeats);
+      machine["cpu_model"].get<std::string>(), machine["cores"].get<unsigned>(), device.name(),
+      options.scale, options.repeats);
   fmt::print(
       "h2d semantics: {} (the source is fully read when the call returns); GB/s = bytes "
       "read / time / 1e9\n",
@@ -765,49 +884,53 @@ int RunBench(int argc, char** argv) {
         "may skew the times\n",
         machine["cpu_busy_percent_before"].get<double>());
   }
-  // The peers run in a process of their own (bench/peers.py --serve), started once: for each
-  // case they build their own source, then are timed once after each of ferry's timed runs.
-  std::unique_ptr<PeerSession> peer_session;
-  if (peers) {
+  if (options.peers) {
     fmt::print(
         "peers: torch, jax and numpy ({} bench/peers.py) timed turn by turn with ferry's runs\n",
         peers_python);
     // On a pjrt device, jax puts onto the same plugin (jax.device_put to a registered plugin).
-    const std::string jax_plugin = PjrtPluginPathOf(device);
+    const std::string jax_plugin = PjrtPluginPathOf(&device);
     if (!jax_plugin.empty()) fmt::print("peers: jax puts onto the plugin {}\n", jax_plugin);
-    peer_session = PeerSession::Start(peers_python, scale, jax_plugin);
   }
+}
+
+void PrintTableHeader() {
   fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
              "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",
              "notes");
   std::fflush(stdout);
+}
 
+// The C++ cases' rows, and what the run learned along the way.
+struct CaseRows {
   Json results = Json::array();
   int failures = 0;
-  CaseContext context{device, scale, {}, {}, repeats, python};
-  if (devices.size() >= static_cast<size_t>(kMeshDevices)) {
-    context.mesh_devices.assign(devices.begin(), devices.begin() + kMeshDevices);
-  } else {
-    context.mesh_unavailable = fmt::format("the 2x2 mesh needs {} devices; backend '{}' has {}",
-                                           kMeshDevices, backend, devices.size());
-  }
-  std::optional<double> raw_clwrite_seconds_per_byte;
   Json peers_versions;  // from the last peers.py row
   bool peers_failed = false;
+};
+
+// Runs the selected cases in turn, printing each row as it is done.
+CaseRows RunCases(absl::Span<const CaseDefinition* const> selected, const CaseContext& context,
+                  int repeats, PeerSession* peer_session) {
+  CaseRows rows;
+  const Device* device = context.device;
+  std::optional<double> raw_clwrite_seconds_per_byte;
   for (const CaseDefinition* definition : selected) {
-    const bool with_peers = peers && HasPeers(definition->name);
+    const bool with_peers = peer_session != nullptr && HasPeers(definition->name);
     StatusOr<CaseResult> result =
         RunCase(*definition, context, repeats, raw_clwrite_seconds_per_byte,
-                with_peers ? peer_session.get() : nullptr);
+                with_peers ? peer_session : nullptr);
     if (result.ok() && result->peers_failure.has_value()) {
-      peers_failed = true;
+      rows.peers_failed = true;
       fmt::print("peers FAILED: {}\n", *result->peers_failure);
     }
-    if (result.ok() && !result->peers_versions.is_null()) peers_versions = result->peers_versions;
+    if (result.ok() && !result->peers_versions.is_null()) {
+      rows.peers_versions = result->peers_versions;
+    }
     if (!result.ok()) {
-      ++failures;
+      ++rows.failures;
       fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());
-      results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
+      rows.results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
     } else {
       fmt::print("{}\n", result->row);
       if (!result->skipped && std::string_view(definition->name) == "raw_clwrite") {
@@ -815,60 +938,119 @@ int RunBench(int argc, char** argv) {
             result->json["seconds_median"].get<double>() / result->json["bytes"].get<double>();
       }
       result->json["device"] = device->name();
-      results.push_back(std::move(result->json));
+      rows.results.push_back(std::move(result->json));
     }
     std::fflush(stdout);
   }
+  return rows;
+}
 
-  if (!python.empty()) {
-    StatusOr<Json> python_rows = RunPythonCases(python, scale, repeats, device->name());
-    if (!python_rows.ok()) {
-      ++failures;
-      fmt::print("python cases FAILED: {}\n", python_rows.status().ToString());
-    } else {
-      // The Python layer against the C++ case it wraps, from this same run.
-      std::optional<double> cpp_large;
-      for (const Json& row : results) {
-        if (row.value("case", "") == "h2d_contiguous" && row.contains("seconds_median")) {
-          cpp_large = row["seconds_median"].get<double>();
-        }
-      }
-      for (Json& row : *python_rows) {
-        if (row["case"] == "py_put_large" && cpp_large.has_value()) {
-          row["vs_cpp_h2d_contiguous"] = *cpp_large / row["seconds_median"].get<double>();
-        }
-        fmt::print("{}\n", FormatPythonRow(row));
-        row["device"] = device->name();
-        results.push_back(std::move(row));
-      }
+// Runs the Python-layer cases (--python), printing their rows and adding them to `rows`.
+void RunPythonRows(const std::string& python, const BenchOptions& options, const Device& device,
+                   CaseRows& rows) {
+  StatusOr<Json> python_rows =
+      RunPythonCases(python, options.scale, options.repeats, device.name());
+  if (!python_rows.ok()) {
+    ++rows.failures;
+    fmt::print("python cases FAILED: {}\n", python_rows.status().ToString());
+    return;
+  }
+  // The Python layer against the C++ case it wraps, from this same run.
+  std::optional<double> cpp_large;
+  for (const Json& row : rows.results) {
+    if (row.value("case", "") == "h2d_contiguous" && row.contains("seconds_median")) {
+      cpp_large = row["seconds_median"].get<double>();
     }
   }
-
-  if (!json_path.empty()) {
-    Json document;
-    document["results"] = std::move(results);
-    machine["device"] = device->name();
-    document["machine"] = std::move(machine);
-    document["settings"] = {
-        {"size", scale},
-        {"repeats", repeats},
-        {"warmup_runs", 1},
-        {"h2d_semantics", std::string(HostBufferSemanticsName(kBenchSemantics))},
-        {"heap_accounting",
-         HeapAccountingEnabled() ? "malloc interposition" : "off (sanitizer build)"}};
-    if (peers) {
-      document["settings"]["peers_python"] = peers_python;
-      if (!peers_versions.is_null()) document["settings"]["peers_versions"] = peers_versions;
+  for (Json& row : *python_rows) {
+    if (row["case"] == "py_put_large" && cpp_large.has_value()) {
+      row["vs_cpp_h2d_contiguous"] = *cpp_large / row["seconds_median"].get<double>();
     }
-    std::ofstream out(json_path);
-    out << document.dump(2) << "\n";
-    if (!out) {
-      fmt::print(stderr, "ferry-bench: cannot write {}\n", json_path);
-      return 1;
+    fmt::print("{}\n", FormatPythonRow(row));
+    row["device"] = device.name();
+    rows.results.push_back(std::move(row));
+  }
+}
+
+// Writes --json: the rows, the machine and the settings of the run.
+Status WriteResultsJson(const BenchOptions& options, const std::string& peers_python,
+                        const Device& device, Json machine, CaseRows& rows) {
+  Json document;
+  document["results"] = std::move(rows.results);
+  machine["device"] = device.name();
+  document["machine"] = std::move(machine);
+  document["settings"] = {{"size", options.scale},
+                          {"repeats", options.repeats},
+                          {"warmup_runs", 1},
+                          {"h2d_semantics", std::string(HostBufferSemanticsName(kBenchSemantics))},
+                          {"heap_accounting", HeapAccountingEnabled() ? "malloc interposition"
+                                                                      : "off (sanitizer build)"}};
+  if (options.peers) {
+    document["settings"]["peers_python"] = peers_python;
+    if (!rows.peers_versions.is_null()) {
+      document["settings"]["peers_versions"] = rows.peers_versions;
     }
   }
-  if (peers_failed) ++failures;
-  return failures == 0 ? 0 : 1;
+  std::ofstream out(options.json_path);
+  out << document.dump(2) << "\n";
+  if (!out) return InternalError(fmt::format("cannot write {}", options.json_path));
+  return OkStatus();
+}
+
+int RunBench(int argc, char** argv) {
+  CLI::App app{"ferry-bench: ferry's transfers next to memcpy and the old staged path"};
+  BenchOptions options;
+  AddBenchOptions(app, options);
+  CLI11_PARSE(app, argc, argv);
+
+  const std::vector<CaseDefinition> cases = AllCases();
+  if (options.list) {
+    for (const CaseDefinition& definition : cases) {
+      fmt::print("{:<25} {}\n", definition.name, definition.description);
+    }
+    return 0;
+  }
+  StatusOr<std::vector<const CaseDefinition*>> selected = SelectCases(cases, options.case_names);
+  if (!selected.ok()) return ReportSetupError(selected.status());
+  std::string peers_python = options.python;
+  if (options.peers) {
+    StatusOr<std::string> python = PeersPython(options.python);
+    if (!python.ok()) return ReportSetupError(python.status());
+    peers_python = *python;
+  }
+  StatusOr<BenchDevice> opened = OpenBenchDevice(options.device_name, options.workers);
+  if (!opened.ok()) return ReportSetupError(opened.status());
+  Device* device = opened->device;
+
+  Json machine = DescribeMachine();
+  PrintPreamble(machine, *device, options, peers_python);
+  // The peers run in a process of their own (bench/peers.py --serve), started once: for each
+  // case they build their own source, then are timed once after each of ferry's timed runs.
+  std::unique_ptr<PeerSession> peer_session;
+  if (options.peers) {
+    peer_session = PeerSession::Start(peers_python, options.scale, PjrtPluginPathOf(device));
+  }
+  PrintTableHeader();
+
+  CaseContext context{device, options.scale, {}, {}, options.repeats, options.python};
+  const auto devices = opened->client->devices();
+  if (devices.size() >= static_cast<size_t>(kMeshDevices)) {
+    context.mesh_devices.assign(devices.begin(), devices.begin() + kMeshDevices);
+  } else {
+    context.mesh_unavailable = fmt::format("the 2x2 mesh needs {} devices; backend '{}' has {}",
+                                           kMeshDevices, opened->backend, devices.size());
+  }
+  CaseRows rows = RunCases(*selected, context, options.repeats, peer_session.get());
+  if (!options.python.empty()) RunPythonRows(options.python, options, *device, rows);
+
+  if (!options.json_path.empty()) {
+    if (Status written = WriteResultsJson(options, peers_python, *device, std::move(machine), rows);
+        !written.ok()) {
+      return ReportSetupError(written);
+    }
+  }
+  if (rows.peers_failed) ++rows.failures;
+  return rows.failures == 0 ? 0 : 1;
 }
 
 }  // namespace

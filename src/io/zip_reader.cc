@@ -65,30 +65,67 @@ struct EndRecord {
   uint64_t directory_end = 0;
 };
 
-StatusOr<EndRecord> ReadEndRecords(const Bytes& archive, std::string_view context) {
+// The offset of the end-of-central-directory record: the last thing in the archive, followed
+// only by its comment.
+StatusOr<uint64_t> FindEndRecord(const Bytes& archive, std::string_view context) {
   if (archive.size() < kEndOfCentralDirectorySize) {
     return MalformedError(context,
                           fmt::format("{} bytes is too small for a zip archive", archive.size()));
   }
-  // The end record is the last thing in the archive, followed only by its comment.
   const uint64_t last = archive.size() - kEndOfCentralDirectorySize;
   const uint64_t first = last > kMaxCommentSize ? last - kMaxCommentSize : 0;
-  uint64_t end_offset = 0;
-  bool found = false;
   for (uint64_t offset = last + 1; offset-- > first;) {
     if (archive.Load<uint32_t>(offset) == kEndOfCentralDirectorySignature &&
         archive.Load<uint16_t>(offset + 20) ==
             archive.size() - offset - kEndOfCentralDirectorySize) {
-      end_offset = offset;
-      found = true;
-      break;
+      return offset;
     }
   }
-  if (!found) {
-    return MalformedError(context,
-                          "no zip end-of-central-directory record (not a zip archive, "
-                          "or truncated)");
+  return MalformedError(context,
+                        "no zip end-of-central-directory record (not a zip archive, "
+                        "or truncated)");
+}
+
+// zip64: the locator right before the end record at `end_offset` points at the zip64 end record,
+// which holds the 64-bit counts and offsets that replace those of `record`.
+Status ApplyZip64EndRecord(const Bytes& archive, uint64_t end_offset, EndRecord& record,
+                           std::string_view context) {
+  const uint64_t locator = end_offset - kZip64EndLocatorSize;
+  const uint32_t zip64_disk = archive.Load<uint32_t>(locator + 4);
+  const uint64_t zip64_offset = archive.Load<uint64_t>(locator + 8);
+  const uint32_t total_disks = archive.Load<uint32_t>(locator + 16);
+  if (zip64_disk != 0 || total_disks > 1) {
+    return MalformedError(context, "multi-disk (split) zip archives are not supported");
   }
+  if (zip64_offset > locator || locator - zip64_offset < kZip64EndFixedSize ||
+      archive.Load<uint32_t>(zip64_offset) != kZip64EndSignature) {
+    return MalformedError(context, fmt::format("the zip64 end-of-central-directory locator "
+                                               "points at offset {}, where there is no zip64 "
+                                               "end record",
+                                               zip64_offset));
+  }
+  const uint64_t record_size = archive.Load<uint64_t>(zip64_offset + 4);
+  if (record_size != locator - zip64_offset - 12) {
+    return MalformedError(context, fmt::format("the zip64 end record's size {} does not reach "
+                                               "its locator",
+                                               record_size));
+  }
+  if (archive.Load<uint32_t>(zip64_offset + 16) != 0 ||
+      archive.Load<uint32_t>(zip64_offset + 20) != 0 ||
+      archive.Load<uint64_t>(zip64_offset + 24) != archive.Load<uint64_t>(zip64_offset + 32)) {
+    return MalformedError(context, "multi-disk (split) zip archives are not supported");
+  }
+  record.num_entries = archive.Load<uint64_t>(zip64_offset + 32);
+  record.directory_size = archive.Load<uint64_t>(zip64_offset + 40);
+  record.directory_offset = archive.Load<uint64_t>(zip64_offset + 48);
+  record.directory_end = zip64_offset;
+  return OkStatus();
+}
+
+// The end record (and the zip64 one when there is one), checked to describe one central
+// directory that ends where the end records start.
+StatusOr<EndRecord> ReadEndRecords(const Bytes& archive, std::string_view context) {
+  FERRY_ASSIGN_OR_RETURN(const uint64_t end_offset, FindEndRecord(archive, context));
   const uint16_t disk = archive.Load<uint16_t>(end_offset + 4);
   const uint16_t directory_disk = archive.Load<uint16_t>(end_offset + 6);
   const uint16_t entries_on_disk = archive.Load<uint16_t>(end_offset + 8);
@@ -101,39 +138,9 @@ StatusOr<EndRecord> ReadEndRecords(const Bytes& archive, std::string_view contex
     return MalformedError(context, "multi-disk (split) zip archives are not supported");
   }
 
-  // zip64: a locator right before the end record points at the zip64 end record, which holds the
-  // 64-bit counts and offsets.
   if (end_offset >= kZip64EndLocatorSize &&
       archive.Load<uint32_t>(end_offset - kZip64EndLocatorSize) == kZip64EndLocatorSignature) {
-    const uint64_t locator = end_offset - kZip64EndLocatorSize;
-    const uint32_t zip64_disk = archive.Load<uint32_t>(locator + 4);
-    const uint64_t zip64_offset = archive.Load<uint64_t>(locator + 8);
-    const uint32_t total_disks = archive.Load<uint32_t>(locator + 16);
-    if (zip64_disk != 0 || total_disks > 1) {
-      return MalformedError(context, "multi-disk (split) zip archives are not supported");
-    }
-    if (zip64_offset > locator || locator - zip64_offset < kZip64EndFixedSize ||
-        archive.Load<uint32_t>(zip64_offset) != kZip64EndSignature) {
-      return MalformedError(context, fmt::format("the zip64 end-of-central-directory locator "
-                                                 "points at offset {}, where there is no zip64 "
-                                                 "end record",
-                                                 zip64_offset));
-    }
-    const uint64_t record_size = archive.Load<uint64_t>(zip64_offset + 4);
-    if (record_size != locator - zip64_offset - 12) {
-      return MalformedError(context, fmt::format("the zip64 end record's size {} does not reach "
-                                                 "its locator",
-                                                 record_size));
-    }
-    if (archive.Load<uint32_t>(zip64_offset + 16) != 0 ||
-        archive.Load<uint32_t>(zip64_offset + 20) != 0 ||
-        archive.Load<uint64_t>(zip64_offset + 24) != archive.Load<uint64_t>(zip64_offset + 32)) {
-      return MalformedError(context, "multi-disk (split) zip archives are not supported");
-    }
-    record.num_entries = archive.Load<uint64_t>(zip64_offset + 32);
-    record.directory_size = archive.Load<uint64_t>(zip64_offset + 40);
-    record.directory_offset = archive.Load<uint64_t>(zip64_offset + 48);
-    record.directory_end = zip64_offset;
+    FERRY_RETURN_IF_ERROR(ApplyZip64EndRecord(archive, end_offset, record, context));
   }
   if (record.directory_offset > record.directory_end ||
       record.directory_size != record.directory_end - record.directory_offset) {
@@ -196,122 +203,142 @@ Status ApplyZip64Extra(const Bytes& archive, uint64_t extra_offset, uint64_t ext
   return OkStatus();
 }
 
-}  // namespace
+// One central directory entry as it is stored: the fixed fields, and where its name and extra
+// field lie (checked to be inside the central directory).
+struct CentralEntry {
+  uint16_t flags = 0;
+  uint16_t method = 0;
+  uint32_t crc = 0;
+  uint64_t compressed_size = 0;
+  uint64_t uncompressed_size = 0;
+  uint16_t start_disk = 0;
+  uint64_t local_offset = 0;
+  std::string_view name;
+  uint64_t extra_offset = 0;
+  uint16_t extra_size = 0;
+  // Where the next entry starts: past this one's name, extra field and comment.
+  uint64_t next_position = 0;
+};
 
-StatusOr<std::vector<ZipMember>> ReadZipDirectory(absl::Span<const std::byte> bytes,
-                                                  std::string_view context) {
-  const Bytes archive(bytes);
-  FERRY_ASSIGN_OR_RETURN(EndRecord end, ReadEndRecords(archive, context));
-
-  std::vector<ZipMember> members;
-  members.reserve(static_cast<size_t>(end.num_entries));
-  std::set<std::string_view> names;
-  uint64_t position = end.directory_offset;
-  for (uint64_t index = 0; index < end.num_entries; ++index) {
-    const std::string entry_context = fmt::format("{}: central directory entry {}", context, index);
-    if (end.directory_end - position < kCentralDirectoryEntrySize ||
-        archive.Load<uint32_t>(position) != kCentralDirectorySignature) {
-      return MalformedError(entry_context,
-                            fmt::format("no central directory entry at offset {}", position));
-    }
-    const uint16_t flags = archive.Load<uint16_t>(position + 8);
-    const uint16_t method = archive.Load<uint16_t>(position + 10);
-    const uint32_t crc = archive.Load<uint32_t>(position + 16);
-    uint64_t compressed_size = archive.Load<uint32_t>(position + 20);
-    uint64_t uncompressed_size = archive.Load<uint32_t>(position + 24);
-    const uint16_t name_size = archive.Load<uint16_t>(position + 28);
-    const uint16_t extra_size = archive.Load<uint16_t>(position + 30);
-    const uint16_t comment_size = archive.Load<uint16_t>(position + 32);
-    const uint16_t start_disk = archive.Load<uint16_t>(position + 34);
-    uint64_t local_offset = archive.Load<uint32_t>(position + 42);
-    const uint64_t variable_size = uint64_t{name_size} + extra_size + comment_size;
-    if (end.directory_end - position - kCentralDirectoryEntrySize < variable_size) {
-      return MalformedError(entry_context,
-                            "the entry's name, extra field and comment overrun the "
-                            "central directory");
-    }
-    const uint64_t name_offset = position + kCentralDirectoryEntrySize;
-    const std::string_view name = archive.Text(name_offset, name_size);
-    const std::string member_context = MemberContext(context, name);
-    if (name.empty()) return MalformedError(entry_context, "the member has an empty name");
-    if (FindInvalidUtf8(name) >= 0) {
-      return MalformedError(member_context, "the member name is not valid UTF-8");
-    }
-    if (!names.insert(name).second) {
-      return MalformedError(member_context, "the archive holds two members with this name");
-    }
-    if ((flags & 0x0001) != 0 || (flags & 0x0040) != 0 || (flags & 0x2000) != 0) {
-      return MalformedError(member_context, "encrypted members are not supported");
-    }
-    if (method != kZipStored && method != kZipDeflated) {
-      return MalformedError(member_context, fmt::format("compression method {} is not supported "
-                                                        "(only 0, stored, and 8, deflated)",
-                                                        method));
-    }
-    if (start_disk != 0 && start_disk != 0xFFFF) {
-      return MalformedError(member_context, "multi-disk (split) zip archives are not supported");
-    }
-    FERRY_RETURN_IF_ERROR(ApplyZip64Extra(archive, name_offset + name_size, extra_size,
-                                          uncompressed_size, compressed_size, local_offset,
-                                          member_context));
-    position = name_offset + variable_size;
-
-    // The local header repeats the name; the data follows it and its own extra field, and must
-    // lie before the central directory.
-    if (local_offset > end.directory_offset ||
-        end.directory_offset - local_offset < kLocalHeaderSize ||
-        archive.Load<uint32_t>(local_offset) != kLocalHeaderSignature) {
-      return MalformedError(member_context,
-                            fmt::format("no local file header at offset {}", local_offset));
-    }
-    const uint16_t local_method = archive.Load<uint16_t>(local_offset + 8);
-    const uint16_t local_name_size = archive.Load<uint16_t>(local_offset + 26);
-    const uint16_t local_extra_size = archive.Load<uint16_t>(local_offset + 28);
-    const uint64_t data_offset =
-        local_offset + kLocalHeaderSize + local_name_size + local_extra_size;
-    if (data_offset > end.directory_offset) {
-      return MalformedError(member_context, "the local header overruns the central directory");
-    }
-    if (archive.Text(local_offset + kLocalHeaderSize, local_name_size) != name) {
-      return MalformedError(member_context, "the local header names another file");
-    }
-    if (local_method != method) {
-      return MalformedError(member_context, fmt::format("the local header says compression method "
-                                                        "{}, the central directory {}",
-                                                        local_method, method));
-    }
-    if (compressed_size > end.directory_offset - data_offset) {
-      return MalformedError(member_context, fmt::format("its {} bytes of data at offset {} reach "
-                                                        "into the central directory (truncated?)",
-                                                        compressed_size, data_offset));
-    }
-    if (method == kZipStored && compressed_size != uncompressed_size) {
-      return MalformedError(member_context, fmt::format("a stored member's compressed size {} "
-                                                        "differs from its size {}",
-                                                        compressed_size, uncompressed_size));
-    }
-    if (method == kZipDeflated && uncompressed_size > compressed_size * kMaxDeflateRatio + 1024) {
-      return MalformedError(member_context, fmt::format("{} compressed bytes claim to inflate to "
-                                                        "{} bytes, more than deflate can produce",
-                                                        compressed_size, uncompressed_size));
-    }
-    ZipMember member;
-    member.name = std::string(name);
-    member.method = method;
-    member.crc32 = crc;
-    member.compressed_size = static_cast<int64_t>(compressed_size);
-    member.uncompressed_size = static_cast<int64_t>(uncompressed_size);
-    member.local_header_offset = static_cast<int64_t>(local_offset);
-    member.data_offset = static_cast<int64_t>(data_offset);
-    members.push_back(std::move(member));
+StatusOr<CentralEntry> ReadCentralEntry(const Bytes& archive, const EndRecord& end,
+                                        uint64_t position, std::string_view entry_context) {
+  if (end.directory_end - position < kCentralDirectoryEntrySize ||
+      archive.Load<uint32_t>(position) != kCentralDirectorySignature) {
+    return MalformedError(entry_context,
+                          fmt::format("no central directory entry at offset {}", position));
   }
-  if (position != end.directory_end) {
-    return MalformedError(context, fmt::format("{} unexpected bytes at the end of the central "
-                                               "directory",
-                                               end.directory_end - position));
+  CentralEntry entry;
+  entry.flags = archive.Load<uint16_t>(position + 8);
+  entry.method = archive.Load<uint16_t>(position + 10);
+  entry.crc = archive.Load<uint32_t>(position + 16);
+  entry.compressed_size = archive.Load<uint32_t>(position + 20);
+  entry.uncompressed_size = archive.Load<uint32_t>(position + 24);
+  const uint16_t name_size = archive.Load<uint16_t>(position + 28);
+  entry.extra_size = archive.Load<uint16_t>(position + 30);
+  const uint16_t comment_size = archive.Load<uint16_t>(position + 32);
+  entry.start_disk = archive.Load<uint16_t>(position + 34);
+  entry.local_offset = archive.Load<uint32_t>(position + 42);
+  const uint64_t variable_size = uint64_t{name_size} + entry.extra_size + comment_size;
+  if (end.directory_end - position - kCentralDirectoryEntrySize < variable_size) {
+    return MalformedError(entry_context,
+                          "the entry's name, extra field and comment overrun the "
+                          "central directory");
   }
+  const uint64_t name_offset = position + kCentralDirectoryEntrySize;
+  entry.name = archive.Text(name_offset, name_size);
+  entry.extra_offset = name_offset + name_size;
+  entry.next_position = name_offset + variable_size;
+  return entry;
+}
 
-  // No two members may share bytes (overlapping members are a known decompression-bomb trick).
+// The member's name must be usable as a tensor name: not empty, UTF-8, and not seen before in
+// `names` (which it joins).
+Status CheckMemberName(std::string_view name, std::set<std::string_view>& names,
+                       std::string_view entry_context, std::string_view member_context) {
+  if (name.empty()) return MalformedError(entry_context, "the member has an empty name");
+  if (FindInvalidUtf8(name) >= 0) {
+    return MalformedError(member_context, "the member name is not valid UTF-8");
+  }
+  if (!names.insert(name).second) {
+    return MalformedError(member_context, "the archive holds two members with this name");
+  }
+  return OkStatus();
+}
+
+// What a .npz reader can handle: no encryption, stored or deflated, one disk.
+Status CheckEntrySupported(const CentralEntry& entry, std::string_view member_context) {
+  if ((entry.flags & 0x0001) != 0 || (entry.flags & 0x0040) != 0 || (entry.flags & 0x2000) != 0) {
+    return MalformedError(member_context, "encrypted members are not supported");
+  }
+  if (entry.method != kZipStored && entry.method != kZipDeflated) {
+    return MalformedError(member_context, fmt::format("compression method {} is not supported "
+                                                      "(only 0, stored, and 8, deflated)",
+                                                      entry.method));
+  }
+  if (entry.start_disk != 0 && entry.start_disk != 0xFFFF) {
+    return MalformedError(member_context, "multi-disk (split) zip archives are not supported");
+  }
+  return OkStatus();
+}
+
+// Finds the member's data through its local header, which repeats the name; the data follows it
+// and its own extra field, and must lie before the central directory. `entry` has its zip64
+// sizes and offset applied.
+StatusOr<ZipMember> LocateMemberData(const Bytes& archive, const EndRecord& end,
+                                     const CentralEntry& entry, std::string_view member_context) {
+  const uint64_t local_offset = entry.local_offset;
+  if (local_offset > end.directory_offset ||
+      end.directory_offset - local_offset < kLocalHeaderSize ||
+      archive.Load<uint32_t>(local_offset) != kLocalHeaderSignature) {
+    return MalformedError(member_context,
+                          fmt::format("no local file header at offset {}", local_offset));
+  }
+  const uint16_t local_method = archive.Load<uint16_t>(local_offset + 8);
+  const uint16_t local_name_size = archive.Load<uint16_t>(local_offset + 26);
+  const uint16_t local_extra_size = archive.Load<uint16_t>(local_offset + 28);
+  const uint64_t data_offset = local_offset + kLocalHeaderSize + local_name_size + local_extra_size;
+  if (data_offset > end.directory_offset) {
+    return MalformedError(member_context, "the local header overruns the central directory");
+  }
+  if (archive.Text(local_offset + kLocalHeaderSize, local_name_size) != entry.name) {
+    return MalformedError(member_context, "the local header names another file");
+  }
+  if (local_method != entry.method) {
+    return MalformedError(member_context, fmt::format("the local header says compression method "
+                                                      "{}, the central directory {}",
+                                                      local_method, entry.method));
+  }
+  const uint64_t compressed_size = entry.compressed_size;
+  const uint64_t uncompressed_size = entry.uncompressed_size;
+  if (compressed_size > end.directory_offset - data_offset) {
+    return MalformedError(member_context, fmt::format("its {} bytes of data at offset {} reach "
+                                                      "into the central directory (truncated?)",
+                                                      compressed_size, data_offset));
+  }
+  if (entry.method == kZipStored && compressed_size != uncompressed_size) {
+    return MalformedError(member_context, fmt::format("a stored member's compressed size {} "
+                                                      "differs from its size {}",
+                                                      compressed_size, uncompressed_size));
+  }
+  if (entry.method == kZipDeflated &&
+      uncompressed_size > compressed_size * kMaxDeflateRatio + 1024) {
+    return MalformedError(member_context, fmt::format("{} compressed bytes claim to inflate to "
+                                                      "{} bytes, more than deflate can produce",
+                                                      compressed_size, uncompressed_size));
+  }
+  ZipMember member;
+  member.name = std::string(entry.name);
+  member.method = entry.method;
+  member.crc32 = entry.crc;
+  member.compressed_size = static_cast<int64_t>(compressed_size);
+  member.uncompressed_size = static_cast<int64_t>(uncompressed_size);
+  member.local_header_offset = static_cast<int64_t>(local_offset);
+  member.data_offset = static_cast<int64_t>(data_offset);
+  return member;
+}
+
+// No two members may share bytes (overlapping members are a known decompression-bomb trick).
+Status CheckMembersDoNotOverlap(const std::vector<ZipMember>& members, std::string_view context) {
   std::vector<const ZipMember*> by_offset;
   for (const ZipMember& member : members) by_offset.push_back(&member);
   std::sort(by_offset.begin(), by_offset.end(), [](const ZipMember* a, const ZipMember* b) {
@@ -326,6 +353,40 @@ StatusOr<std::vector<ZipMember>> ReadZipDirectory(absl::Span<const std::byte> by
                                         EscapeForMessage(by_offset[i]->name, kQuotedNameLength)));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::vector<ZipMember>> ReadZipDirectory(absl::Span<const std::byte> bytes,
+                                                  std::string_view context) {
+  const Bytes archive(bytes);
+  FERRY_ASSIGN_OR_RETURN(const EndRecord end, ReadEndRecords(archive, context));
+
+  std::vector<ZipMember> members;
+  members.reserve(static_cast<size_t>(end.num_entries));
+  std::set<std::string_view> names;
+  uint64_t position = end.directory_offset;
+  for (uint64_t index = 0; index < end.num_entries; ++index) {
+    const std::string entry_context = fmt::format("{}: central directory entry {}", context, index);
+    FERRY_ASSIGN_OR_RETURN(CentralEntry entry,
+                           ReadCentralEntry(archive, end, position, entry_context));
+    const std::string member_context = MemberContext(context, entry.name);
+    FERRY_RETURN_IF_ERROR(CheckMemberName(entry.name, names, entry_context, member_context));
+    FERRY_RETURN_IF_ERROR(CheckEntrySupported(entry, member_context));
+    FERRY_RETURN_IF_ERROR(ApplyZip64Extra(archive, entry.extra_offset, entry.extra_size,
+                                          entry.uncompressed_size, entry.compressed_size,
+                                          entry.local_offset, member_context));
+    position = entry.next_position;
+    FERRY_ASSIGN_OR_RETURN(ZipMember member, LocateMemberData(archive, end, entry, member_context));
+    members.push_back(std::move(member));
+  }
+  if (position != end.directory_end) {
+    return MalformedError(context, fmt::format("{} unexpected bytes at the end of the central "
+                                               "directory",
+                                               end.directory_end - position));
+  }
+  FERRY_RETURN_IF_ERROR(CheckMembersDoNotOverlap(members, context));
   return members;
 }
 
