@@ -51,6 +51,24 @@ StatusOr<HostView> Buffer::HostAccessibleView() const {
       "memory)");
 }
 
+StatusOr<BufferAddress> Buffer::DataAddress() const {
+  FERRY_ASSIGN_OR_RETURN(HostView view, HostAccessibleView());
+  return BufferAddress{AddressSpace::kHost, 0, const_cast<void*>(view.data)};
+}
+
+StatusOr<NativeBufferHandle> Buffer::NativeHandle() const {
+  return UnimplementedError(
+      "NativeHandle: this backend has no runtime object behind its buffers (DataAddress() gives "
+      "their memory)");
+}
+
+StatusOr<NativeDeviceHandles> Device::NativeHandles() const {
+  return UnimplementedError(fmt::format(
+      "NativeHandles: {} has no runtime objects to hand out (its buffers' memory is given by "
+      "Buffer::DataAddress())",
+      name()));
+}
+
 Future<> Buffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
   if (Status status = CheckRawRange(this->size_bytes(), offset_bytes, size_bytes, dst);
       !status.ok()) {

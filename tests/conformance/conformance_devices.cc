@@ -104,5 +104,59 @@ TEST_P(ConformanceDevices, DevicesReportTheRequestedCapabilities) {
 
 FERRY_INSTANTIATE_CONFORMANCE_SUITE(ConformanceDevices);
 
+// Native handles (native_handles.h): a backend hands out its runtime objects and its buffers'
+// addresses, or says Unimplemented; an address in host memory holds exactly the buffer's bytes.
+TEST_P(ConformanceDevices, NativeHandlesAndAddressesAreWhatTheySayOrUnimplemented) {
+  StatusOr<NativeDeviceHandles> handles = device()->NativeHandles();
+  if (handles.ok()) {
+    EXPECT_EQ(handles->backend, backend().name);
+    EXPECT_FALSE(handles->library.empty());
+    EXPECT_NE(handles->client, nullptr);
+    EXPECT_NE(handles->device, nullptr);
+  } else {
+    EXPECT_EQ(handles.status().code(), absl::StatusCode::kUnimplemented) << handles.status();
+  }
+  const Dims dims = {37, 5};
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, dims);
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<Buffer> buffer,
+      client().BufferFromHostBuffer(HostView::Dense(source.data(), DType::kF32, dims), DType::kF32,
+                                    device(), HostBufferSemantics::kImmutableOnlyDuringCall,
+                                    nullptr, "native"));
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> expected, ReadBack(*buffer));
+  StatusOr<NativeBufferHandle> object = buffer->NativeHandle();
+  if (object.ok()) {
+    EXPECT_NE(object->object, nullptr);
+  } else {
+    EXPECT_EQ(object.status().code(), absl::StatusCode::kUnimplemented) << object.status();
+  }
+  StatusOr<BufferAddress> address = buffer->DataAddress();
+  if (address.ok()) {
+    ASSERT_NE(address->data, nullptr);
+    if (address->space == AddressSpace::kHost) {
+      EXPECT_EQ(address->device_ordinal, 0);
+      EXPECT_TRUE(BytesEqual(
+          expected,
+          absl::MakeConstSpan(static_cast<const std::byte*>(address->data), expected.size())));
+    }
+  } else {
+    EXPECT_EQ(address.status().code(), absl::StatusCode::kUnimplemented) << address.status();
+  }
+  // Where the host reads the buffer's memory, DataAddress says where it is.
+  if (StatusOr<HostView> view = buffer->HostAccessibleView(); view.ok()) {
+    ASSERT_TRUE(address.ok()) << address.status();
+    EXPECT_EQ(address->space, AddressSpace::kHost);
+    EXPECT_EQ(address->data, view->data);
+  }
+  // Once the client is gone, nothing reaches its runtime through the buffer.
+  DestroyClient();
+  if (object.ok()) {
+    EXPECT_EQ(buffer->NativeHandle().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  if (address.ok()) {
+    EXPECT_EQ(buffer->DataAddress().status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::conformance

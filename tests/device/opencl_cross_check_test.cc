@@ -410,6 +410,47 @@ TEST_F(OpenClCrossCheckTest, ZeroCopyNeverAliasesAndCountsAFallback) {
   ASSERT_TRUE(ready.has_value() && ready->ok());
 }
 
+// The handles the device hands out are OpenCL's own: a read enqueued by hand on its queue from the
+// buffer's cl_mem returns the buffer's bytes, and a write through them is what ferry reads back.
+TEST_F(OpenClCrossCheckTest, NativeHandlesAreTheQueueAndMemoryFerryUses) {
+  StatusOr<NativeDeviceHandles> handles = opencl_device()->NativeHandles();
+  ASSERT_TRUE(handles.ok()) << handles.status();
+  EXPECT_EQ(handles->backend, "opencl");
+  StatusOr<const opencl::OpenClLibrary*> cl = opencl::LoadOpenClLibrary(handles->library);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  std::vector<float> source(300);
+  for (float& value : source) value = static_cast<float>(rng_() % 1000);
+  StatusOr<std::unique_ptr<Buffer>> buffer = opencl_->BufferFromHostBuffer(
+      HostView::Dense(source.data(), DType::kF32, {20, 15}), DType::kF32, opencl_device(),
+      HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "native");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  const std::optional<Status> ready = AwaitFor((*buffer)->Ready());
+  ASSERT_TRUE(ready.has_value() && ready->ok());
+  StatusOr<NativeBufferHandle> mem = (*buffer)->NativeHandle();
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  auto* queue = static_cast<cl_command_queue>(handles->queue);
+  auto* memory = static_cast<cl_mem>(mem->object);
+  cl_device_type type = 0;
+  ASSERT_EQ((*cl)->clGetDeviceInfo(static_cast<cl_device_id>(handles->device), CL_DEVICE_TYPE,
+                                   sizeof(type), &type, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(handles->memory_on_host, (type & CL_DEVICE_TYPE_CPU) != 0);
+  std::vector<float> read(source.size(), -1.0f);
+  ASSERT_EQ((*cl)->clEnqueueReadBuffer(queue, memory, CL_TRUE, 0, read.size() * sizeof(float),
+                                       read.data(), 0, nullptr, nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(read, source);
+  const float written = 12345.0f;
+  ASSERT_EQ((*cl)->clEnqueueWriteBuffer(queue, memory, CL_TRUE, 7 * sizeof(float), sizeof(float),
+                                        &written, 0, nullptr, nullptr),
+            CL_SUCCESS);
+  float back = 0;
+  const std::optional<Status> raw = AwaitFor((*buffer)->CopyRawToHost(7 * 4, 4, &back));
+  ASSERT_TRUE(raw.has_value() && raw->ok());
+  EXPECT_EQ(back, written);
+  EXPECT_TRUE(absl::IsUnimplemented((*buffer)->DataAddress().status()));
+}
+
 TEST_F(OpenClCrossCheckTest, ConvertedTransfersCountTheirStagingBytes) {
   const int64_t staged = metrics::StagingBytes()->Value();
   std::vector<double> source(100 * 1000);

@@ -13,8 +13,13 @@
 #include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
 #include "ferry/runtime/sharding.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#if FERRY_HAVE_PJRT
+#include "pjrt_c_api.h"
+#include "src/device/pjrt/pjrt_client.h"
+#endif
 
 namespace ferry {
 namespace {
@@ -269,6 +274,82 @@ TEST(PjrtTest, ReplicasAreCopiedOnTheDeviceWhereThePluginCopies) {
     }
   }
 }
+
+#if FERRY_HAVE_PJRT
+// The handles a pjrt device hands out are the plugin's own: its function table, called by hand,
+// reads a ferry buffer's PJRT_Buffer back exactly and names the device ferry put it on.
+TEST(PjrtTest, NativeHandlesDriveThePluginDirectly) {
+  for (bool direct : DirectChoices()) {
+    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
+    PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = direct});
+    Device* device = client->devices()[0];
+    StatusOr<NativeDeviceHandles> handles = device->NativeHandles();
+    ASSERT_TRUE(handles.ok()) << handles.status();
+    EXPECT_EQ(handles->backend, "pjrt");
+    const auto* api = static_cast<const PJRT_Api*>(handles->api);
+    ASSERT_NE(api, nullptr);
+    EXPECT_EQ(api->pjrt_api_version.major_version, 0);
+    EXPECT_THAT(device->description(),
+                HasSubstr(fmt::format("API 0.{}", api->pjrt_api_version.minor_version)));
+    EXPECT_TRUE(handles->memory_on_host);  // the CPU plugins
+
+    std::mt19937_64 rng(7);
+    const std::vector<std::byte> source = RandomBytes(rng, 64 * 33 * 4);
+    StatusOr<std::unique_ptr<Buffer>> buffer = client->BufferFromHostBuffer(
+        HostView::Dense(source.data(), DType::kF32, {64, 33}), DType::kF32, device,
+        HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "native");
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE((*buffer)->Ready().Await().ok());
+    StatusOr<NativeBufferHandle> object = (*buffer)->NativeHandle();
+    ASSERT_TRUE(object.ok()) << object.status();
+    auto* plugin_buffer = static_cast<PJRT_Buffer*>(object->object);
+
+    PJRT_Buffer_Device_Args on_device{};
+    on_device.struct_size = PJRT_Buffer_Device_Args_STRUCT_SIZE;
+    on_device.buffer = plugin_buffer;
+    ASSERT_EQ(api->PJRT_Buffer_Device(&on_device), nullptr);
+    EXPECT_EQ(on_device.device, static_cast<PJRT_Device*>(handles->device));
+
+    std::vector<std::byte> read(source.size());
+    PJRT_Buffer_ToHostBuffer_Args to_host{};
+    to_host.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+    to_host.src = plugin_buffer;
+    to_host.dst = read.data();
+    to_host.dst_size = read.size();
+    ASSERT_EQ(api->PJRT_Buffer_ToHostBuffer(&to_host), nullptr);
+    PJRT_Event_Await_Args await{};
+    await.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+    await.event = to_host.event;
+    ASSERT_EQ(api->PJRT_Event_Await(&await), nullptr);
+    PJRT_Event_Destroy_Args destroy{};
+    destroy.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+    destroy.event = to_host.event;
+    ASSERT_EQ(api->PJRT_Event_Destroy(&destroy), nullptr);
+    EXPECT_EQ(read, source);
+
+    // A CPU plugin's memory has an address ferry hands out only where it reads it itself.
+    StatusOr<BufferAddress> address = (*buffer)->DataAddress();
+    if (direct) {
+      ASSERT_TRUE(address.ok()) << address.status();
+      EXPECT_EQ(address->space, AddressSpace::kHost);
+      EXPECT_EQ(std::memcmp(address->data, source.data(), source.size()), 0);
+    } else {
+      EXPECT_TRUE(absl::IsUnimplemented(address.status())) << address.status();
+    }
+  }
+}
+
+// The platforms whose buffers DLPack reaches by a device pointer, numbered as DLPack numbers them.
+TEST(PjrtTest, DeviceAddressSpacesFollowThePlatform) {
+  EXPECT_EQ(pjrt::DeviceAddressSpaceOf("cuda"), AddressSpace::kCuda);
+  EXPECT_EQ(pjrt::DeviceAddressSpaceOf("rocm"), AddressSpace::kRocm);
+  EXPECT_EQ(pjrt::DeviceAddressSpaceOf("cpu"), std::nullopt);
+  EXPECT_EQ(pjrt::DeviceAddressSpaceOf("tpu"), std::nullopt);
+  EXPECT_EQ(static_cast<int>(AddressSpace::kHost), 1);   // kDLCPU
+  EXPECT_EQ(static_cast<int>(AddressSpace::kCuda), 2);   // kDLCUDA
+  EXPECT_EQ(static_cast<int>(AddressSpace::kRocm), 10);  // kDLROCM
+}
+#endif  // FERRY_HAVE_PJRT
 
 }  // namespace
 }  // namespace ferry

@@ -9,6 +9,7 @@
 #include "ferry/core/future.h"
 #include "ferry/core/host_view.h"
 #include "ferry/core/status.h"
+#include "ferry/device/native_handles.h"
 
 namespace ferry {
 
@@ -49,6 +50,17 @@ class Buffer {
   // device data, valid while the buffer lives and after Ready(); FailedPrecondition once the
   // client is gone. Others: Unimplemented.
   virtual StatusOr<HostView> HostAccessibleView() const;
+
+  // The address of the buffer's first byte, for handing its memory to another runtime without a
+  // copy (DLPack). Read through it only after Ready(); valid while the buffer lives. The default
+  // is HostAccessibleView()'s data, in host memory; pjrt gives the plugin's device pointer on a
+  // CUDA or ROCm plugin (PJRT_Buffer_OpaqueDeviceMemoryDataPointer). Unimplemented where the
+  // runtime gives no address (opencl: a cl_mem is not a pointer; see NativeHandle()).
+  virtual StatusOr<BufferAddress> DataAddress() const;
+
+  // The backend's own object behind the buffer (native_handles.h says what it is per backend).
+  // Unimplemented on backends without one (host); FailedPrecondition once the client is gone.
+  virtual StatusOr<NativeBufferHandle> NativeHandle() const;
 
   // A partial read: copies `size_bytes` of the buffer's dense device bytes, starting at byte
   // `offset_bytes`, into `dst` as they are (no conversion). The caller keeps `dst` alive until

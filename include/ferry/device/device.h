@@ -15,6 +15,7 @@
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/dtype.h"
 #include "ferry/core/status.h"
+#include "ferry/device/native_handles.h"
 
 namespace ferry {
 
@@ -101,6 +102,10 @@ class Device {
     (void)target;
     return false;
   }
+  // The runtime objects behind the device, for code that calls its runtime directly
+  // (native_handles.h says what each is, per backend, and for how long it is valid).
+  // Unimplemented on backends without any (host).
+  virtual StatusOr<NativeDeviceHandles> NativeHandles() const;
 };
 
 // The memory space of `device` named `kind`; its default space for an empty `kind`.

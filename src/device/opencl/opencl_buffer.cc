@@ -107,6 +107,20 @@ OpenClBuffer::OpenClBuffer(OpenClDevice* device, DType device_dtype, Dims dims,
 
 Device* OpenClBuffer::device() const { return device_; }
 
+StatusOr<NativeBufferHandle> OpenClBuffer::NativeHandle() const {
+  if (lifetime_->closed()) {
+    return FailedPreconditionError(fmt::format(
+        "NativeHandle of tensor '{}': its opencl client has been shut down", tensor_name_));
+  }
+  return NativeBufferHandle{memory_->mem()};
+}
+
+StatusOr<BufferAddress> OpenClBuffer::DataAddress() const {
+  return UnimplementedError(fmt::format(
+      "DataAddress of tensor '{}': OpenCL memory has no address (NativeHandle() gives its cl_mem)",
+      tensor_name_));
+}
+
 namespace {
 
 // One ToHost, from the moment the buffer's writes are enqueued.

@@ -147,6 +147,9 @@ class OpenClBuffer final : public Buffer {
   // One blocking clEnqueueReadBuffer of the range, after the writes of this buffer were
   // enqueued (the in-order queue runs it after them). Never call it from an event callback.
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
+  // The cl_mem (null for 0 bytes). A cl_mem has no address: DataAddress() is Unimplemented.
+  StatusOr<NativeBufferHandle> NativeHandle() const override;
+  StatusOr<BufferAddress> DataAddress() const override;
 
  private:
   OpenClDevice* const device_;

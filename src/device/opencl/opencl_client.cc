@@ -88,6 +88,9 @@ StatusOr<OpenClDeviceInfo> ReadDeviceInfo(const OpenClLibrary& cl, cl_platform_i
                          GetDeviceValue<cl_ulong>(cl, device, CL_DEVICE_GLOBAL_MEM_SIZE, what));
   FERRY_ASSIGN_OR_RETURN(cl_ulong max_allocation,
                          GetDeviceValue<cl_ulong>(cl, device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, what));
+  FERRY_ASSIGN_OR_RETURN(cl_device_type type,
+                         GetDeviceValue<cl_device_type>(cl, device, CL_DEVICE_TYPE, what));
+  info.is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
   constexpr cl_ulong kInt64Max = static_cast<cl_ulong>(INT64_MAX);
   info.global_memory_bytes = static_cast<int64_t>(std::min(global_memory, kInt64Max));
   info.max_allocation_bytes = static_cast<int64_t>(std::min(max_allocation, kInt64Max));
@@ -218,6 +221,17 @@ OpenClDevice::OpenClDevice(OpenClClient* client, int index, OpenClDeviceInfo inf
       ring_(MakeStagingRing(*queue_)) {}
 
 Client* OpenClDevice::client() const { return client_; }
+
+StatusOr<NativeDeviceHandles> OpenClDevice::NativeHandles() const {
+  NativeDeviceHandles handles;
+  handles.backend = "opencl";
+  handles.library = queue_->cl().name;
+  handles.client = queue_->context();
+  handles.device = queue_->device();
+  handles.queue = queue_->queue();
+  handles.memory_on_host = info_.is_cpu;
+  return handles;
+}
 
 void OpenClDevice::ShutdownStaging() { ring_->Shutdown(); }
 

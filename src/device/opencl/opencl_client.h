@@ -37,6 +37,7 @@ struct OpenClDeviceInfo {
   bool opencl_1x = false;            // the platform predates OpenCL 2.0
   bool has_fp64 = false;             // cl_khr_fp64
   bool has_fp16 = false;             // cl_khr_fp16
+  bool is_cpu = false;               // CL_DEVICE_TYPE_CPU (PoCL's device): memory is host memory
   int64_t global_memory_bytes = 0;   // CL_DEVICE_GLOBAL_MEM_SIZE
   int64_t max_allocation_bytes = 0;  // CL_DEVICE_MAX_MEM_ALLOC_SIZE
 };
@@ -51,6 +52,8 @@ class OpenClDevice final : public Device {
   const std::string& name() const override { return name_; }
   const DeviceCapabilities& capabilities() const override { return capabilities_; }
   int64_t bytes_in_use() const override { return memory_->in_use(); }
+  // The cl_context, cl_device_id and the in-order cl_command_queue ferry uses.
+  StatusOr<NativeDeviceHandles> NativeHandles() const override;
 
   const OpenClDeviceInfo& info() const { return info_; }
   const std::shared_ptr<DeviceQueue>& queue() const { return queue_; }

@@ -61,6 +61,55 @@ StatusOr<HostView> PjrtBuffer::HostAccessibleView() const {
   return HostView::Dense(parts_.host_address, parts_.device_dtype, parts_.dims);
 }
 
+StatusOr<BufferAddress> PjrtBuffer::DataAddress() const {
+  StatusOr<ClientLifetime::Token> token =
+      ClientLifetime::Begin(lifetime_, fmt::format("DataAddress on {}", device_name_));
+  if (!token.ok()) return token.status();
+  if (parts_.host_address != nullptr || size_bytes_ == 0) {
+    return BufferAddress{AddressSpace::kHost, 0, parts_.host_address};
+  }
+  const PjrtClient& client = *source_.client;
+  const std::optional<AddressSpace> space = DeviceAddressSpaceOf(client.platform().platform_name);
+  if (!space.has_value()) {
+    return UnimplementedError(fmt::format(
+        "DataAddress: the memory of {} (platform {}) has no address ferry can hand out{}",
+        device_name_, client.platform().platform_name,
+        client.platform().buffers_on_cpu ? " without direct host access" : ""));
+  }
+  const PjrtRuntime& runtime = *client.runtime();
+  const PJRT_Api& api = runtime.api();
+  void* data = nullptr;
+  if (FERRY_PJRT_HAS(runtime.library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer)) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+    args.buffer = pjrt_buffer();
+    FERRY_RETURN_IF_ERROR(runtime.Check(api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&args),
+                                        "Buffer_OpaqueDeviceMemoryDataPointer"));
+    data = args.device_memory_ptr;
+  } else if (FERRY_PJRT_HAS(runtime.library(), PJRT_Buffer_UnsafePointer)) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+    args.buffer = pjrt_buffer();
+    FERRY_RETURN_IF_ERROR(
+        runtime.Check(api.PJRT_Buffer_UnsafePointer(&args), "Buffer_UnsafePointer"));
+    data = reinterpret_cast<void*>(args.buffer_pointer);
+  } else {
+    return UnimplementedError(
+        fmt::format("DataAddress on {}: the plugin gives no buffer pointers", device_name_));
+  }
+  auto hardware_id = FERRY_PJRT_ARGS(PJRT_Device_LocalHardwareId_Args);
+  hardware_id.device = device_->pjrt_device();
+  FERRY_RETURN_IF_ERROR(
+      runtime.Check(api.PJRT_Device_LocalHardwareId(&hardware_id), "Device_LocalHardwareId"));
+  return BufferAddress{*space, static_cast<int32_t>(hardware_id.local_hardware_id), data};
+}
+
+StatusOr<NativeBufferHandle> PjrtBuffer::NativeHandle() const {
+  if (lifetime_->closed()) {
+    return FailedPreconditionError(
+        fmt::format("NativeHandle on {}: the pjrt client has been shut down", device_name_));
+  }
+  return NativeBufferHandle{pjrt_buffer()};
+}
+
 Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
   if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, dst); !status.ok()) {
     return Future<>::Ready(std::move(status));

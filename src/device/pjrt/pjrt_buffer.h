@@ -88,6 +88,14 @@ class PjrtBuffer final : public Buffer {
   Future<> ToHost(const MutableHostView& dst) override;
   // A read-only view of the device memory where the host can address it (CPU plugins).
   StatusOr<HostView> HostAccessibleView() const override;
+  // Host memory where HostAccessibleView() has it; the plugin's device pointer on a CUDA or ROCm
+  // plugin (PJRT_Buffer_OpaqueDeviceMemoryDataPointer, else PJRT_Buffer_UnsafePointer), with the
+  // device's PJRT_Device_LocalHardwareId as its ordinal. Unimplemented otherwise (the CPU plugin
+  // without direct host access: its events may complete before its copies land, so only its own
+  // reads are ordered after them).
+  StatusOr<BufferAddress> DataAddress() const override;
+  // The PJRT_Buffer.
+  StatusOr<NativeBufferHandle> NativeHandle() const override;
   // From the device memory where the host addresses it; else the plugin's partial read
   // (PJRT_Buffer_CopyRawToHost, waited for on the client's staging worker).
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;

@@ -166,6 +166,25 @@ bool PjrtDevice::CopiesBuffersTo(const Device* target) const {
          !client_->platform().direct_host_access;
 }
 
+StatusOr<NativeDeviceHandles> PjrtDevice::NativeHandles() const {
+  const std::shared_ptr<PjrtRuntime>& runtime = client_->runtime();
+  NativeDeviceHandles handles;
+  handles.backend = "pjrt";
+  handles.library = client_->platform().plugin_path;
+  handles.api = const_cast<PJRT_Api*>(&runtime->api());
+  handles.client = runtime->client();
+  handles.device = device_;
+  handles.memory = default_memory_;
+  handles.memory_on_host = client_->platform().buffers_on_cpu;
+  return handles;
+}
+
+std::optional<AddressSpace> DeviceAddressSpaceOf(std::string_view platform_name) {
+  if (platform_name == "cuda" || platform_name == "gpu") return AddressSpace::kCuda;
+  if (platform_name == "rocm") return AddressSpace::kRocm;
+  return std::nullopt;
+}
+
 PJRT_Memory* PjrtDevice::FindMemory(std::string_view kind) const {
   for (const PjrtMemorySpace& space : memories_) {
     if (kind.empty() ? space.memory == default_memory_ : space.kind == kind) return space.memory;

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,6 +69,11 @@ struct PjrtMemorySpace {
   PJRT_Memory* memory = nullptr;
 };
 
+// Where the device pointers of a plugin's buffers point, by the platform it names ("cuda", "rocm");
+// nullopt for platforms whose buffers are not addressed by a pointer ferry may hand out (a TPU) or
+// are host memory ("cpu": Buffer::DataAddress gives those only where ferry reads them itself).
+std::optional<AddressSpace> DeviceAddressSpaceOf(std::string_view platform_name);
+
 class PjrtDevice final : public Device {
  public:
   PjrtDevice(PjrtClient* client, int index, PJRT_Device* device, PJRT_Memory* default_memory,
@@ -85,6 +91,8 @@ class PjrtDevice final : public Device {
   // To another device of this client when the plugin copies between its devices
   // (PJRT_Buffer_CopyToDevice) and ferry does not own the memory (no direct host access).
   bool CopiesBuffersTo(const Device* target) const override;
+  // The plugin's PJRT_Api, PJRT_Client, PJRT_Device and default PJRT_Memory.
+  StatusOr<NativeDeviceHandles> NativeHandles() const override;
 
   PJRT_Device* pjrt_device() const { return device_; }
   // The device's default memory space; null when the plugin has no memories (older plugins).
