@@ -10,8 +10,7 @@
 #include "old_copy.h"
 
 #if FERRY_HAVE_PJRT
-#include "src/device/pjrt/pjrt_client.h"
-#include "src/device/pjrt/pjrt_runtime.h"
+#include "pjrt_c_api.h"
 #endif
 
 namespace ferry::bench {
@@ -19,87 +18,150 @@ namespace ferry::bench {
 #if FERRY_HAVE_PJRT
 namespace {
 
-using pjrt::PjrtDevice;
-using pjrt::PjrtRuntime;
+// Argument structs as the C API wants them: zeroed, with struct_size set.
+template <typename Args>
+Args ZeroedArgs(size_t struct_size) {
+  Args args{};
+  args.struct_size = struct_size;
+  return args;
+}
+#define PLUGIN_ARGS(type) ZeroedArgs<type>(type##_STRUCT_SIZE)
 
-// A plugin buffer, destroyed with its owner. The deleter holds the runtime, so the PJRT client
-// outlives every buffer made here.
-struct BufferDeleter {
-  std::shared_ptr<PjrtRuntime> runtime;
-  void operator()(PJRT_Buffer* buffer) const {
-    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-    args.buffer = buffer;
-    runtime->Check(runtime->api().PJRT_Buffer_Destroy(&args), "Buffer_Destroy").IgnoreError();
+// The plugin as a program that calls its C API itself sees it: the function table, client, device
+// and memory a pjrt device hands out (Device::NativeHandles). Borrowed from ferry's client, which
+// lives for the whole bench; every plugin buffer made here is destroyed before.
+class Plugin {
+ public:
+  static StatusOr<Plugin> Of(const Device* device) {
+    StatusOr<NativeDeviceHandles> handles =
+        device == nullptr ? StatusOr<NativeDeviceHandles>(InvalidArgumentError("no device"))
+                          : device->NativeHandles();
+    if (!handles.ok() || handles->backend != "pjrt") {
+      return FailedPreconditionError(
+          fmt::format("the plugin's own paths need a pjrt device, not {}",
+                      device == nullptr ? std::string("none") : device->name()));
+    }
+    return Plugin(*std::move(handles));
   }
+
+  const NativeDeviceHandles& handles() const { return handles_; }
+
+  // The plugin's error as a Status (the error is destroyed).
+  Status Check(PJRT_Error* error, std::string_view what) const {
+    if (error == nullptr) return OkStatus();
+    auto message = PLUGIN_ARGS(PJRT_Error_Message_Args);
+    message.error = error;
+    api_.PJRT_Error_Message(&message);
+    Status status = InternalError(
+        fmt::format("{}: {}", what, std::string_view(message.message, message.message_size)));
+    auto destroy = PLUGIN_ARGS(PJRT_Error_Destroy_Args);
+    destroy.error = error;
+    api_.PJRT_Error_Destroy(&destroy);
+    return status;
+  }
+
+  // Waits for `event`, then destroys it.
+  Status Await(PJRT_Event* event, std::string_view what) const {
+    if (event == nullptr) return OkStatus();
+    auto await = PLUGIN_ARGS(PJRT_Event_Await_Args);
+    await.event = event;
+    Status status = Check(api_.PJRT_Event_Await(&await), what);
+    auto destroy = PLUGIN_ARGS(PJRT_Event_Destroy_Args);
+    destroy.event = event;
+    Check(api_.PJRT_Event_Destroy(&destroy), "PJRT_Event_Destroy").IgnoreError();
+    return status;
+  }
+
+  void Destroy(PJRT_Buffer* buffer) const {
+    auto args = PLUGIN_ARGS(PJRT_Buffer_Destroy_Args);
+    args.buffer = buffer;
+    Check(api_.PJRT_Buffer_Destroy(&args), "PJRT_Buffer_Destroy").IgnoreError();
+  }
+
+  // PJRT_Client_BufferFromHostBuffer of `view` (kImmutableOnlyDuringCall) onto the device's
+  // default memory, waited on until the plugin has read the source and the buffer is ready.
+  StatusOr<PJRT_Buffer*> Put(const HostView& view) const {
+    FERRY_ASSIGN_OR_RETURN(const PJRT_Buffer_Type type, TypeOf(view.dtype));
+    auto args = PLUGIN_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+    args.client = static_cast<PJRT_Client*>(handles_.client);
+    args.data = view.data;
+    args.type = type;
+    args.dims = view.dims.data();
+    args.num_dims = view.dims.size();
+    if (!view.IsRowMajorDense()) {
+      args.byte_strides = view.byte_strides.data();
+      args.num_byte_strides = view.byte_strides.size();
+    }
+    args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+    args.device = static_cast<PJRT_Device*>(handles_.device);
+    args.memory = static_cast<PJRT_Memory*>(handles_.memory);
+    FERRY_RETURN_IF_ERROR(
+        Check(api_.PJRT_Client_BufferFromHostBuffer(&args), "BufferFromHostBuffer"));
+    Status waited = Await(args.done_with_host_buffer, "BufferFromHostBuffer's source read");
+    auto ready = PLUGIN_ARGS(PJRT_Buffer_ReadyEvent_Args);
+    ready.buffer = args.buffer;
+    if (waited.ok()) waited = Check(api_.PJRT_Buffer_ReadyEvent(&ready), "Buffer_ReadyEvent");
+    if (waited.ok()) waited = Await(ready.event, "the plugin buffer's readiness");
+    if (!waited.ok()) {
+      Destroy(args.buffer);
+      return waited;
+    }
+    return args.buffer;
+  }
+
+  // PJRT_Buffer_ToHostBuffer of the whole buffer into the dense `destination`, waited on.
+  Status Read(PJRT_Buffer* buffer, void* destination, int64_t size_bytes) const {
+    auto args = PLUGIN_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    args.src = buffer;
+    args.dst = destination;
+    args.dst_size = static_cast<size_t>(size_bytes);
+    FERRY_RETURN_IF_ERROR(Check(api_.PJRT_Buffer_ToHostBuffer(&args), "ToHostBuffer"));
+    return Await(args.event, "ToHostBuffer");
+  }
+
+ private:
+  explicit Plugin(NativeDeviceHandles handles)
+      : handles_(std::move(handles)), api_(*static_cast<const PJRT_Api*>(handles_.api)) {}
+
+  // The dtypes the bench's cases move.
+  static StatusOr<PJRT_Buffer_Type> TypeOf(DType dtype) {
+    switch (dtype) {
+      case DType::kF16:
+        return PJRT_Buffer_Type_F16;
+      case DType::kBF16:
+        return PJRT_Buffer_Type_BF16;
+      case DType::kF32:
+        return PJRT_Buffer_Type_F32;
+      case DType::kF64:
+        return PJRT_Buffer_Type_F64;
+      default:
+        return UnimplementedError(
+            fmt::format("the plugin yardstick moves no {}", DTypeName(dtype)));
+    }
+  }
+
+  NativeDeviceHandles handles_;
+  const PJRT_Api& api_;
+};
+
+// A plugin buffer, destroyed with its owner.
+struct BufferDeleter {
+  Plugin plugin;
+  void operator()(PJRT_Buffer* buffer) const { plugin.Destroy(buffer); }
 };
 using PluginBuffer = std::unique_ptr<PJRT_Buffer, BufferDeleter>;
 
-const PjrtDevice* AsPjrtDevice(const Device* device) {
-  return dynamic_cast<const PjrtDevice*>(device);
-}
-
-StatusOr<const pjrt::PjrtClient*> ClientOf(const Device* device) {
-  const PjrtDevice* pjrt_device = AsPjrtDevice(device);
-  const auto* client =
-      pjrt_device == nullptr ? nullptr : dynamic_cast<pjrt::PjrtClient*>(pjrt_device->client());
-  if (client == nullptr) {
-    return FailedPreconditionError(
-        fmt::format("the plugin's own paths need a pjrt device, not {}",
-                    device == nullptr ? std::string("none") : device->name()));
-  }
-  return client;
-}
-
-// PJRT_Client_BufferFromHostBuffer of `view` (kImmutableOnlyDuringCall), waited on until the
-// plugin has read the source and the buffer is ready.
-StatusOr<PluginBuffer> PluginPut(const std::shared_ptr<PjrtRuntime>& runtime,
-                                 const PjrtDevice& device, const HostView& view) {
-  const PJRT_Api& api = runtime->api();
-  auto args = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  args.client = runtime->client();
-  args.data = view.data;
-  args.type = pjrt::ToPjrtType(view.dtype);
-  args.dims = view.dims.data();
-  args.num_dims = view.dims.size();
-  if (!view.IsRowMajorDense()) {
-    args.byte_strides = view.byte_strides.data();
-    args.num_byte_strides = view.byte_strides.size();
-  }
-  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-  args.device = device.pjrt_device();
-  args.memory = device.default_memory();
-  FERRY_RETURN_IF_ERROR(
-      runtime->Check(api.PJRT_Client_BufferFromHostBuffer(&args), "BufferFromHostBuffer"));
-  PluginBuffer buffer(args.buffer, BufferDeleter{runtime});
-  FERRY_RETURN_IF_ERROR(
-      pjrt::AwaitEvent(api, args.done_with_host_buffer, "BufferFromHostBuffer's source read"));
-  auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = buffer.get();
-  FERRY_RETURN_IF_ERROR(runtime->Check(api.PJRT_Buffer_ReadyEvent(&ready), "Buffer_ReadyEvent"));
-  FERRY_RETURN_IF_ERROR(pjrt::AwaitEvent(api, ready.event, "the plugin buffer's readiness"));
-  return buffer;
-}
-
-// PJRT_Buffer_ToHostBuffer of the whole buffer into the dense `destination`, waited on.
-Status PluginRead(const PjrtRuntime& runtime, PJRT_Buffer* buffer, void* destination,
-                  int64_t size_bytes) {
-  const PJRT_Api& api = runtime.api();
-  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-  args.src = buffer;
-  args.dst = destination;
-  args.dst_size = static_cast<size_t>(size_bytes);
-  FERRY_RETURN_IF_ERROR(runtime.Check(api.PJRT_Buffer_ToHostBuffer(&args), "ToHostBuffer"));
-  return pjrt::AwaitEvent(api, args.event, "ToHostBuffer");
+StatusOr<PluginBuffer> PluginPut(const Plugin& plugin, const HostView& view) {
+  FERRY_ASSIGN_OR_RETURN(PJRT_Buffer * buffer, plugin.Put(view));
+  return PluginBuffer(buffer, BufferDeleter{plugin});
 }
 
 class PluginPutPath : public Path {
  public:
   struct Target {
     std::shared_ptr<const TensorSource> source;
-    const PjrtDevice* device;
-    std::shared_ptr<PjrtRuntime> runtime;
+    Plugin plugin;
     DType device_dtype;
-    bool buffers_on_cpu;  // the plugin's buffers are host memory (counted by heap accounting)
   };
 
   explicit PluginPutPath(std::vector<Target> targets) : targets_(std::move(targets)) {}
@@ -115,7 +177,7 @@ class PluginPutPath : public Path {
         FERRY_RETURN_IF_ERROR(OldCopyConvert(view, converted->view()));
         view = converted->view();
       }
-      FERRY_ASSIGN_OR_RETURN(PluginBuffer buffer, PluginPut(target.runtime, *target.device, view));
+      FERRY_ASSIGN_OR_RETURN(PluginBuffer buffer, PluginPut(target.plugin, view));
       buffers_.push_back(std::move(buffer));
     }  // each temporary is freed once its put has returned
     return OkStatus();
@@ -128,7 +190,7 @@ class PluginPutPath : public Path {
           HostTensor back,
           HostTensor::Allocate(targets_[i].device_dtype, targets_[i].source->view().dims));
       FERRY_RETURN_IF_ERROR(
-          PluginRead(*targets_[i].runtime, buffers_[i].get(), back.data(), back.size_bytes()));
+          targets_[i].plugin.Read(buffers_[i].get(), back.data(), back.size_bytes()));
       results.push_back(std::move(back));
     }
     return results;
@@ -137,7 +199,8 @@ class PluginPutPath : public Path {
   int64_t ResultUncountedDeviceBytes() const override {
     int64_t bytes = 0;
     for (size_t i = 0; i < buffers_.size(); ++i) {
-      if (!targets_[i].buffers_on_cpu) continue;
+      // The plugin's buffers are host memory (counted by heap accounting).
+      if (!targets_[i].plugin.handles().memory_on_host) continue;
       const HostView& view = targets_[i].source->view();
       bytes += view.num_elements() * DTypeSize(targets_[i].device_dtype);
     }
@@ -154,7 +217,6 @@ class PluginPutPath : public Path {
 class PluginReadPath : public Path {
  public:
   struct Tensor {
-    std::shared_ptr<PjrtRuntime> runtime;
     PluginBuffer buffer;
     HostTensor destination;  // the device dtype; reused by every run
     DType logical_dtype;
@@ -165,8 +227,8 @@ class PluginReadPath : public Path {
   Status Run() override {
     converted_.clear();
     for (Tensor& tensor : tensors_) {
-      FERRY_RETURN_IF_ERROR(PluginRead(*tensor.runtime, tensor.buffer.get(),
-                                       tensor.destination.data(), tensor.destination.size_bytes()));
+      FERRY_RETURN_IF_ERROR(tensor.buffer.get_deleter().plugin.Read(
+          tensor.buffer.get(), tensor.destination.data(), tensor.destination.size_bytes()));
       std::optional<OldTemporary> converted;  // numpy's astype
       if (tensor.logical_dtype != tensor.destination.dtype()) {
         FERRY_ASSIGN_OR_RETURN(
@@ -208,11 +270,11 @@ class PluginReadPath : public Path {
 
 }  // namespace
 
-bool IsPjrtDevice(const Device* device) { return AsPjrtDevice(device) != nullptr; }
+bool IsPjrtDevice(const Device* device) { return Plugin::Of(device).ok(); }
 
 std::string PjrtPluginPathOf(const Device* device) {
-  StatusOr<const pjrt::PjrtClient*> client = ClientOf(device);
-  return client.ok() ? (*client)->platform().plugin_path : std::string();
+  StatusOr<Plugin> plugin = Plugin::Of(device);
+  return plugin.ok() ? plugin->handles().library : std::string();
 }
 
 StatusOr<std::unique_ptr<Path>> MakePjrtPutPath(
@@ -223,9 +285,8 @@ StatusOr<std::unique_ptr<Path>> MakePjrtPutPath(
   }
   std::vector<PluginPutPath::Target> targets;
   for (size_t i = 0; i < sources.size(); ++i) {
-    FERRY_ASSIGN_OR_RETURN(const pjrt::PjrtClient* client, ClientOf(devices[i]));
-    targets.push_back({std::move(sources[i]), AsPjrtDevice(devices[i]), client->runtime(),
-                       device_dtypes[i], client->platform().buffers_on_cpu});
+    FERRY_ASSIGN_OR_RETURN(Plugin plugin, Plugin::Of(devices[i]));
+    targets.push_back({std::move(sources[i]), std::move(plugin), device_dtypes[i]});
   }
   return std::unique_ptr<Path>(std::make_unique<PluginPutPath>(std::move(targets)));
 }
@@ -233,17 +294,14 @@ StatusOr<std::unique_ptr<Path>> MakePjrtPutPath(
 StatusOr<std::unique_ptr<Path>> MakePjrtReadPath(const std::vector<DataPtr>& data) {
   std::vector<PluginReadPath::Tensor> tensors;
   for (const DataPtr& tensor : data) {
-    FERRY_ASSIGN_OR_RETURN(const pjrt::PjrtClient* client, ClientOf(tensor->device()));
-    const std::shared_ptr<PjrtRuntime>& runtime = client->runtime();
+    FERRY_ASSIGN_OR_RETURN(Plugin plugin, Plugin::Of(tensor->device()));
     FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> in_device_dtype,
                            TransferFromDevice({tensor}, {.in_device_dtype = true}));
-    FERRY_ASSIGN_OR_RETURN(PluginBuffer buffer, PluginPut(runtime, *AsPjrtDevice(tensor->device()),
-                                                          in_device_dtype[0].view()));
+    FERRY_ASSIGN_OR_RETURN(PluginBuffer buffer, PluginPut(plugin, in_device_dtype[0].view()));
     FERRY_ASSIGN_OR_RETURN(HostTensor destination,
                            HostTensor::Allocate(tensor->device_dtype(), tensor->dims()));
     std::memset(destination.data(), 0xa5, static_cast<size_t>(destination.size_bytes()));
-    tensors.push_back(
-        {runtime, std::move(buffer), std::move(destination), tensor->logical_dtype()});
+    tensors.push_back({std::move(buffer), std::move(destination), tensor->logical_dtype()});
   }
   return std::unique_ptr<Path>(std::make_unique<PluginReadPath>(std::move(tensors)));
 }

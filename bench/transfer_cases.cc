@@ -18,7 +18,6 @@
 #include "file_put_cases.h"
 #include "fmt/format.h"
 #include "pjrt_paths.h"
-#include "src/device/opencl/opencl_client.h"
 #include "transfer_paths.h"
 
 namespace ferry::bench {
@@ -285,7 +284,8 @@ StatusOr<PreparedCase> PrepareD2HShardedAssemble(const CaseContext& context) {
 }
 
 StatusOr<PreparedCase> PrepareRawClWrite(const CaseContext& context) {
-  if (opencl::DeviceQueueOf(context.device) == nullptr) {
+  if (StatusOr<NativeDeviceHandles> handles = context.device->NativeHandles();
+      !handles.ok() || handles->backend != "opencl") {
     return Skipped(
         fmt::format("needs an opencl device (--device opencl:N), not {}", context.device->name()));
   }

@@ -1,5 +1,7 @@
 #include "transfer_paths.h"
 
+#include <dlfcn.h>
+
 #include <cstring>
 #include <optional>
 #include <string>
@@ -7,8 +9,10 @@
 
 #include "fmt/format.h"
 #include "old_copy.h"
-#include "src/device/opencl/opencl_client.h"
-#include "src/device/opencl/opencl_status.h"
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 300
+#endif
+#include <CL/cl.h>
 
 namespace ferry::bench {
 namespace {
@@ -250,32 +254,64 @@ class LocalShardsStagedPath : public Path {
   std::vector<OldTemporary> results_;
 };
 
+// The four OpenCL entries the raw yardstick calls, from the library ferry's opencl device uses
+// (NativeDeviceHandles::library: already loaded, so dlopen returns the same library and its
+// objects are the device's own).
+struct RawOpenCl {
+  decltype(&::clCreateBuffer) create_buffer = nullptr;
+  decltype(&::clReleaseMemObject) release = nullptr;
+  decltype(&::clEnqueueWriteBuffer) write = nullptr;
+  decltype(&::clEnqueueReadBuffer) read = nullptr;
+
+  static StatusOr<RawOpenCl> Open(const std::string& library) {
+    void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);  // never closed, as ferry's
+    if (handle == nullptr) {
+      return UnavailableError(fmt::format("raw_clwrite: dlopen({}): {}", library, dlerror()));
+    }
+    RawOpenCl cl;
+    cl.create_buffer =
+        reinterpret_cast<decltype(cl.create_buffer)>(dlsym(handle, "clCreateBuffer"));
+    cl.release = reinterpret_cast<decltype(cl.release)>(dlsym(handle, "clReleaseMemObject"));
+    cl.write = reinterpret_cast<decltype(cl.write)>(dlsym(handle, "clEnqueueWriteBuffer"));
+    cl.read = reinterpret_cast<decltype(cl.read)>(dlsym(handle, "clEnqueueReadBuffer"));
+    if (!cl.create_buffer || !cl.release || !cl.write || !cl.read) {
+      return UnavailableError(fmt::format("raw_clwrite: {} lacks an OpenCL 1.0 entry", library));
+    }
+    return cl;
+  }
+};
+
+Status ClStatus(cl_int code, std::string_view what, std::string_view tensor) {
+  if (code == CL_SUCCESS) return OkStatus();
+  return InternalError(
+      fmt::format("{} of tensor '{}' failed: OpenCL error {}", what, tensor, code));
+}
+
+// One blocking clEnqueueWriteBuffer of the dense source into a cl_mem of its own, on the device's
+// own queue (NativeDeviceHandles::queue).
 class RawClWritePath : public Path {
  public:
-  RawClWritePath(std::shared_ptr<const TensorSource> source, const opencl::DeviceQueue& queue,
+  RawClWritePath(std::shared_ptr<const TensorSource> source, RawOpenCl cl, cl_command_queue queue,
                  cl_mem buffer)
-      : source_(std::move(source)), queue_(queue), buffer_(buffer) {}
-  ~RawClWritePath() override { queue_.cl().clReleaseMemObject(buffer_); }
+      : source_(std::move(source)), cl_(cl), queue_(queue), buffer_(buffer) {}
+  ~RawClWritePath() override { cl_.release(buffer_); }
   RawClWritePath(const RawClWritePath&) = delete;
   RawClWritePath& operator=(const RawClWritePath&) = delete;
 
   Status Run() override {
     const HostView& view = source_->view();
-    FERRY_OPENCL_RETURN_IF_ERROR(
-        queue_.cl().clEnqueueWriteBuffer(queue_.queue(), buffer_, CL_TRUE, 0,
-                                         static_cast<size_t>(view.dense_size_bytes()), view.data, 0,
-                                         nullptr, nullptr),
+    return ClStatus(
+        cl_.write(queue_, buffer_, CL_TRUE, 0, static_cast<size_t>(view.dense_size_bytes()),
+                  view.data, 0, nullptr, nullptr),
         "clEnqueueWriteBuffer", source_->name());
-    return OkStatus();
   }
   StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
     const HostView& view = source_->view();
     FERRY_ASSIGN_OR_RETURN(HostTensor back, HostTensor::Allocate(view.dtype, view.dims));
-    FERRY_OPENCL_RETURN_IF_ERROR(
-        queue_.cl().clEnqueueReadBuffer(queue_.queue(), buffer_, CL_TRUE, 0,
-                                        static_cast<size_t>(back.size_bytes()), back.data(), 0,
-                                        nullptr, nullptr),
-        "clEnqueueReadBuffer", source_->name());
+    FERRY_RETURN_IF_ERROR(
+        ClStatus(cl_.read(queue_, buffer_, CL_TRUE, 0, static_cast<size_t>(back.size_bytes()),
+                          back.data(), 0, nullptr, nullptr),
+                 "clEnqueueReadBuffer", source_->name()));
     std::vector<HostTensor> results;
     results.push_back(std::move(back));
     return results;
@@ -284,7 +320,8 @@ class RawClWritePath : public Path {
 
  private:
   const std::shared_ptr<const TensorSource> source_;
-  const opencl::DeviceQueue& queue_;
+  const RawOpenCl cl_;
+  const cl_command_queue queue_;
   const cl_mem buffer_;
 };
 
@@ -328,19 +365,22 @@ std::unique_ptr<Path> MakeLocalShardsStagedPath(ShardedDataPtr data) {
 
 StatusOr<std::unique_ptr<Path>> MakeRawClWritePath(std::shared_ptr<const TensorSource> source,
                                                    Device* device) {
-  const opencl::DeviceQueue* queue = opencl::DeviceQueueOf(device);
-  if (queue == nullptr) {
+  StatusOr<NativeDeviceHandles> handles =
+      device == nullptr ? StatusOr<NativeDeviceHandles>(InvalidArgumentError("no device"))
+                        : device->NativeHandles();
+  if (!handles.ok() || handles->backend != "opencl") {
     return FailedPreconditionError(fmt::format("raw_clwrite needs an opencl device, not {}",
                                                device == nullptr ? "none" : device->name()));
   }
   const HostView& view = source->view();
   if (!view.IsRowMajorDense()) return FailedPreconditionError("raw_clwrite needs a dense source");
-  const auto bytes = static_cast<size_t>(view.dense_size_bytes());
+  FERRY_ASSIGN_OR_RETURN(RawOpenCl cl, RawOpenCl::Open(handles->library));
   cl_int code = CL_SUCCESS;
-  cl_mem buffer =
-      queue->cl().clCreateBuffer(queue->context(), CL_MEM_READ_WRITE, bytes, nullptr, &code);
-  FERRY_OPENCL_RETURN_IF_ERROR(code, "clCreateBuffer", source->name());
-  auto path = std::make_unique<RawClWritePath>(std::move(source), *queue, buffer);
+  cl_mem buffer = cl.create_buffer(static_cast<cl_context>(handles->client), CL_MEM_READ_WRITE,
+                                   static_cast<size_t>(view.dense_size_bytes()), nullptr, &code);
+  FERRY_RETURN_IF_ERROR(ClStatus(code, "clCreateBuffer", source->name()));
+  auto path = std::make_unique<RawClWritePath>(
+      std::move(source), cl, static_cast<cl_command_queue>(handles->queue), buffer);
   FERRY_RETURN_IF_ERROR(path->Run());  // the first write touches the buffer's pages
   return std::unique_ptr<Path>(std::move(path));
 }
