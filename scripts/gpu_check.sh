@@ -2,7 +2,8 @@
 # The pjrt backend on a real GPU, in one command: installs JAX's CUDA 12 PJRT plugin
 # (jax-cuda12-pjrt, with the CUDA libraries it needs, from PyPI) into a virtual environment of its
 # own (.venv-gpu, next to the project's .venv), builds ferry, runs the device-API conformance suite
-# and the pjrt tests on the CUDA plugin, then `ferry-bench --device pjrt:0` and prints its table.
+# and the pjrt tests on the CUDA plugin, exports a ferry array's CUDA memory to JAX through DLPack,
+# then runs `ferry-bench --device pjrt:0` and prints its table.
 #
 # Usage: scripts/gpu_check.sh [extra ferry-bench flags, e.g. --size 0.25]
 # Needs an NVIDIA GPU and its driver; nothing else. Writes build/gpu_check/bench.json.
@@ -44,6 +45,22 @@ echo "=== conformance suite on the CUDA plugin (pjrt, pjrt_plugin_paths) ==="
 build/plain/tests/ferry_conformance_tests --gtest_filter='*/pjrt:*/pjrt_plugin_paths' --gtest_brief=1
 echo "=== pjrt tests on the CUDA plugin ==="
 build/plain/tests/ferry_device_tests --gtest_filter='Pjrt*' --gtest_brief=1
+echo "=== Python: DLPack export of CUDA memory, taken by JAX without a copy ==="
+"$gpu_venv/bin/pip" install -q --disable-pip-version-check nanobind scikit-build-core numpy
+CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$gpu_venv/bin/pip" install -q --no-build-isolation \
+  --no-deps --disable-pip-version-check "$root"
+"$gpu_venv/bin/python" - <<'PYTHON'
+import jax, jax.dlpack, numpy as np
+import ferry
+device = ferry.devices("pjrt")[0]
+x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+a = ferry.device_put(x, device)
+kind, ordinal = a.__dlpack_device__()
+assert kind == 2, f"expected kDLCUDA (2), got {(kind, ordinal)}"
+j = jax.dlpack.from_dlpack(a)
+np.testing.assert_array_equal(np.asarray(j), x)
+print(f"DLPack: {device.name} -> jax {j.devices()} (kDLCUDA, ordinal {ordinal}): exact")
+PYTHON
 echo "=== ferry-bench --device pjrt:0 ==="
 mkdir -p build/gpu_check
 build/plain/ferry-bench --device pjrt:0 --json build/gpu_check/bench.json "$@"

@@ -451,10 +451,14 @@ def _unpickle_array(data: np.ndarray, placement: Any, shard_device_dtypes: list[
 
 def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, int] | None = None,
                   dl_device: Any = None, copy: bool | None = None) -> Any:
-    """DLPack export of arrays in host-addressable memory, zero-copy except over read-only memory.
+    """DLPack export of the array's device memory, zero-copy except over read-only host memory.
 
     Host devices, and pjrt devices whose memory ferry addresses directly (the CPU plugins:
-    `device.description` says "direct host access"), export as DLPack CPU tensors.
+    `device.description` says "direct host access"), export DLPack CPU tensors; a CUDA (or ROCm)
+    PJRT plugin's arrays export its device memory as a kDLCUDA (kDLROCM) tensor of that GPU, so
+    `torch.from_dlpack` and `jax.dlpack.from_dlpack` take them without a copy. The export waits
+    until the array's transfer has completed, so the consumer's `stream` (any) sees the data.
+    Devices whose memory has no address (opencl, a TPU) raise `ferry.UnimplementedError`.
 
     A consumer that passes `max_version` >= (1, 0) gets a versioned capsule, an older one an
     unversioned capsule. An array that aliases read-only memory (a zero_copy put of a mapped file
@@ -462,32 +466,23 @@ def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, in
     copy=False: then a versioned capsule flagged READ_ONLY aliases it, and an unversioned one
     (which cannot carry the flag) is refused with BufferError. Never a writable alias.
     """
-    if self._is_sharded:
-        raise UnimplementedError("DLPack export of a sharded array: use local_shards()")
-    if not _host_addressable(self.device):
-        raise UnimplementedError(
-            f"__dlpack__ is only supported on devices whose memory the host addresses, not {self.device.name}")
-    if stream is not None:
+    device_type, device_id = self._dlpack_device()
+    if stream is not None and device_type == _DLPACK_CPU:
         raise BufferError("__dlpack__: a host-memory device has no streams; pass stream=None")
-    if dl_device is not None and tuple(dl_device) != (1, 0):
-        raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}, only (1, 0) (CPU)")
+    if dl_device is not None and tuple(dl_device) != (device_type, device_id):
+        raise BufferError(f"__dlpack__: cannot export to device {tuple(dl_device)}, only "
+                          f"{(device_type, device_id)}, where the array is")
     major = 0 if max_version is None else int(max_version[0])
     return self._export_dlpack(major, copy)
 
 
-def _host_addressable(device: Device) -> bool:
-    """Host devices, and pjrt devices whose memory ferry writes and reads directly (CPU plugins)."""
-    return device.backend == "host" or (
-        device.backend == "pjrt" and "direct host access" in device.description)
+_DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
 def _array_dlpack_device(self: Array) -> tuple[int, int]:
-    if self._is_sharded:
-        raise UnimplementedError("DLPack export of a sharded array: use local_shards()")
-    if not _host_addressable(self.device):
-        raise UnimplementedError(
-            "__dlpack_device__ is only supported on devices whose memory the host addresses")
-    return (1, 0)  # kDLCPU
+    """(device type, device id) as DLPack numbers them: (1, 0) for host-addressable memory,
+    (2, ordinal) for a CUDA plugin's memory, (10, ordinal) for a ROCm plugin's."""
+    return self._dlpack_device()
 
 
 def _array_local_shards(self: Array) -> list[Shard]:

@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -354,24 +355,48 @@ class Array {
     data_.reset();
     sharded_.reset();
   }
-  // The device data as a DLPack capsule (host-accessible devices only), keeping the array's data
-  // alive. `max_version_major` >= 1: the consumer takes versioned capsules, which can say
-  // READ_ONLY. Zero-copy, except over read-only memory (an alias of a read-only source): that is
-  // copied unless the consumer insists on no copy (`copy=False`) and takes a versioned capsule,
-  // which then carries READ_ONLY. Some consumers that ask for versioned capsules ignore the flag
-  // (torch 2.13 makes a writable tensor of it), so without that insistence a copy is the only
-  // export that cannot be written through.
+  // Where the device data is, as DLPack numbers devices: (kDLCPU = 1, 0) for host-addressable
+  // memory, (kDLCUDA = 2 or kDLROCM = 10, ordinal) for a GPU plugin's memory
+  // (Buffer::DataAddress). Unimplemented for memory without an address (opencl, TPU).
+  std::pair<int32_t, int32_t> DLPackDevice() const {
+    if (sharded_) {
+      throw StatusError{UnimplementedError("DLPack export of a sharded array: use local_shards()")};
+    }
+    const BufferAddress address = ValueOrThrow(data()->buffer().DataAddress());
+    return {static_cast<int32_t>(address.space), address.device_ordinal};
+  }
+  // The device data as a DLPack capsule, keeping the array's data alive. `max_version_major` >= 1:
+  // the consumer takes versioned capsules, which can say READ_ONLY. Zero-copy, except over
+  // read-only host memory (an alias of a read-only source): that is copied unless the consumer
+  // insists on no copy (`copy=False`) and takes a versioned capsule, which then carries
+  // READ_ONLY. Some consumers that ask for versioned capsules ignore the flag (torch 2.13 makes a
+  // writable tensor of it), so without that insistence a copy is the only export that cannot be
+  // written through. Device memory (a GPU plugin's) is exported as it is, once the transfer that
+  // filled it has completed (so any stream of the consumer sees it); a copy of it is refused.
   nb::object ExportDLPack(int max_version_major, std::optional<bool> copy) const {
     if (sharded_) {
       throw StatusError{UnimplementedError("DLPack export of a sharded array: use local_shards()")};
     }
     DataPtr data_ref = data();
     block_until_ready();
-    HostView view = ValueOrThrow(data_ref->buffer().HostAccessibleView());
+    const Buffer& buffer = data_ref->buffer();
+    const BufferAddress address = ValueOrThrow(buffer.DataAddress());
+    const HostView view = HostView::Dense(address.data, buffer.device_dtype(), buffer.dims());
     DLPackExport how;
     how.versioned = max_version_major >= 1;
+    how.device_type = static_cast<int32_t>(address.space);
+    how.device_id = address.device_ordinal;
+    if (address.space != AddressSpace::kHost) {
+      if (copy.value_or(false)) {
+        PyErr_SetString(PyExc_BufferError,
+                        "__dlpack__(copy=True): ferry exports device memory as it is; read it "
+                        "with to_numpy() for a copy");
+        throw nb::python_error();
+      }
+      return DLPackCapsule(view, std::shared_ptr<const void>(data_ref), how);
+    }
     // Only an alias of read-only memory is read-only; the device's own memory is the array's.
-    how.read_only = read_only_alias_ && data_ref->buffer().is_alias();
+    how.read_only = read_only_alias_ && buffer.is_alias();
     const bool must_copy = copy.value_or(how.read_only);
     if (!must_copy) {
       if (how.read_only && !how.versioned) {
@@ -785,6 +810,7 @@ NB_MODULE(_ferry, m) {
            "True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
+      .def("_dlpack_device", &Array::DLPackDevice)
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
                    "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
@@ -848,12 +874,14 @@ NB_MODULE(_ferry, m) {
           nb::sig("def __dlpack__(self, *, stream: typing.Any = None, max_version: "
                   "tuple[int, int] | None = None, dl_device: typing.Any = None, copy: bool | None "
                   "= None) -> typing.Any"),
-          "DLPack export of an array in host-addressable memory (docs/python.md).")
+          "DLPack export of an array in host-addressable memory or a GPU plugin's device memory "
+          "(docs/python.md).")
       .def(
           "__dlpack_device__",
           [](nb::handle self) { return PythonHelper("_array_dlpack_device")(self); },
           nb::sig("def __dlpack_device__(self) -> tuple[int, int]"),
-          "(1, 0): the CPU, for arrays in host-addressable memory.");
+          "(1, 0) for arrays in host-addressable memory, (2, ordinal) in a CUDA plugin's "
+          "memory, (10, ordinal) in a ROCm plugin's.");
 
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",

@@ -69,7 +69,7 @@ struct PackVersion {
   uint32_t minor;
 };
 struct Device {
-  int32_t device_type;  // kDLCPU = 1
+  int32_t device_type;  // kDLCPU = 1, kDLCUDA = 2, kDLROCM = 10
   int32_t device_id;
 };
 struct DataType {
@@ -100,7 +100,6 @@ struct ManagedTensor {
 };
 constexpr uint64_t kFlagReadOnly = uint64_t{1} << 0;
 constexpr uint64_t kFlagIsCopied = uint64_t{1} << 1;
-constexpr int32_t kDeviceCpu = 1;
 }  // namespace dl
 
 // What a capsule owns: the struct handed out, its shape and strides, and the memory's owner.
@@ -127,8 +126,8 @@ void CapsuleDestructor(PyObject* capsule, const char* name) {
 }
 
 template <typename Managed>
-nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, uint64_t flags,
-                       const char* name, PyCapsule_Destructor destructor) {
+nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, dl::Device device,
+                       uint64_t flags, const char* name, PyCapsule_Destructor destructor) {
   const int64_t element_size = view.element_size();
   auto exported = std::make_unique<ExportedTensor<Managed>>();
   exported->shape.assign(view.dims.begin(), view.dims.end());
@@ -145,7 +144,7 @@ nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, 
   Managed& managed = exported->managed;
   dl::Tensor& tensor = managed.dl_tensor;
   tensor.data = const_cast<void*>(view.data);
-  tensor.device = {dl::kDeviceCpu, 0};
+  tensor.device = device;
   tensor.ndim = static_cast<int32_t>(exported->shape.size());
   tensor.dtype = {info.dlpack_code, info.dlpack_bits, 1};
   tensor.shape = exported->shape.data();
@@ -167,20 +166,21 @@ nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, 
 
 nb::object DLPackCapsule(const HostView& view, std::shared_ptr<const void> owner,
                          const DLPackExport& how) {
+  const dl::Device device{how.device_type, how.device_id};
   if (how.versioned) {
     const uint64_t flags =
         (how.read_only ? dl::kFlagReadOnly : 0) | (how.copied ? dl::kFlagIsCopied : 0);
     return MakeCapsule<dl::ManagedTensorVersioned>(
-        view, std::move(owner), flags, "dltensor_versioned", [](PyObject* capsule) {
+        view, std::move(owner), device, flags, "dltensor_versioned", [](PyObject* capsule) {
           CapsuleDestructor<dl::ManagedTensorVersioned>(capsule, "dltensor_versioned");
         });
   }
   if (how.read_only) {
     throw StatusError{InternalError("an unversioned DLPack capsule cannot be read-only")};
   }
-  return MakeCapsule<dl::ManagedTensor>(view, std::move(owner), 0, "dltensor", [](PyObject* c) {
-    CapsuleDestructor<dl::ManagedTensor>(c, "dltensor");
-  });
+  return MakeCapsule<dl::ManagedTensor>(
+      view, std::move(owner), device, 0, "dltensor",
+      [](PyObject* c) { CapsuleDestructor<dl::ManagedTensor>(c, "dltensor"); });
 }
 
 }  // namespace ferry::python

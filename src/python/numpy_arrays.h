@@ -38,9 +38,14 @@ struct DLPackExport {
   bool read_only = false;
   // The capsule views a copy made for this export (the IS_COPIED flag of a versioned capsule).
   bool copied = false;
+  // Where `view.data` points, as DLPack numbers devices (Buffer::DataAddress): kDLCPU (1) and 0
+  // for host memory; kDLCUDA (2) or kDLROCM (10) and the device's ordinal for device memory.
+  int32_t device_type = 1;
+  int32_t device_id = 0;
 };
 
-// A DLPack capsule over `view` (CPU memory; strides multiples of the element size). `owner` is
+// A DLPack capsule over `view` (its data in the memory `how` names; strides multiples of the
+// element size). `owner` is
 // held until the consumer calls the capsule's deleter (on any thread: it must not need the GIL),
 // or the capsule is destroyed unused.
 nanobind::object DLPackCapsule(const HostView& view, std::shared_ptr<const void> owner,

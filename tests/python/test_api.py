@@ -201,6 +201,25 @@ def test_host_arrays_export_dlpack_zero_copy():
     assert torch.equal(torch.from_dlpack(b), torch.arange(4, dtype=torch.bfloat16))
 
 
+def test_dlpack_export_says_where_the_memory_is_or_why_it_cannot():
+    a = ferry.device_put(np.arange(8, dtype=np.float32))
+    # A consumer that asks for another device, or a stream on host memory, is refused.
+    with pytest.raises(BufferError, match=r"cannot export to device \(2, 0\)"):
+        a.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError, match="no streams"):
+        a.__dlpack__(stream=1)
+    try:
+        opencl = ferry.devices("opencl")[0]
+    except ferry.Error as error:
+        pytest.skip(f"no opencl device on this machine: {error}")
+    b = ferry.device_put(np.arange(8, dtype=np.float32), opencl)
+    # OpenCL memory has no address a consumer could read (a cl_mem is not a pointer).
+    with pytest.raises(ferry.UnimplementedError, match="no address"):
+        b.__dlpack_device__()
+    with pytest.raises(ferry.UnimplementedError, match="no address"):
+        b.__dlpack__()
+
+
 def test_from_dlpack_imports_torch_without_a_copy():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     ferry.reset_metrics()
