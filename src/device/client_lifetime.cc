@@ -18,6 +18,15 @@ void ClientLifetime::Token::Release() {
   lifetime->End();
 }
 
+ClientLifetime::Token ClientLifetime::Token::Share() const {
+  if (lifetime_ == nullptr) return Token();
+  {
+    MutexLock lock(lifetime_->mutex_);
+    ++lifetime_->in_flight_;
+  }
+  return Token(lifetime_);
+}
+
 StatusOr<ClientLifetime::Token> ClientLifetime::Begin(
     const std::shared_ptr<ClientLifetime>& lifetime, std::string_view what) {
   {

@@ -33,6 +33,12 @@ class ClientLifetime {
     Token& operator=(Token&& other) noexcept;
     ~Token() { Release(); }
     void Release();
+    // Whether this token still holds an operation in flight.
+    bool held() const { return lifetime_ != nullptr; }
+    // Another token for a continuation of this token's operation (a completion that outlives the
+    // part holding this one). Succeeds even once the client is closing: the client cannot be
+    // idle while this token is held. An empty token shares into an empty token.
+    Token Share() const;
 
    private:
     std::shared_ptr<ClientLifetime> lifetime_;

@@ -586,151 +586,6 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
   return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
 }
 
-StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DType device_dtype,
-                                                        PjrtDevice* device,
-                                                        HostBufferSemantics semantics,
-                                                        OnDoneWithHostBuffer on_done,
-                                                        std::string_view tensor_name) {
-  if (!platform_.has_transfer_manager || device->default_memory() == nullptr) {
-    return UnimplementedError(fmt::format(
-        "tensor '{}': converting or re-striding a transfer on {} needs the plugin's transfer "
-        "manager (PJRT API 0.5x+ with memories), which {} lacks",
-        tensor_name, device->name(), platform_.plugin_path));
-  }
-  const PJRT_Api& api = runtime_->api();
-  const int64_t element_size = DTypeSize(device_dtype);
-  const int64_t num_elements = src.num_elements();
-  const int64_t device_bytes = num_elements * element_size;
-  FERRY_RETURN_IF_ERROR(
-      CopyConvertPlan::Create(src, MutableHostView::Dense(nullptr, device_dtype, src.dims))
-          .status());
-  FERRY_ASSIGN_OR_RETURN(
-      ClientLifetime::Token token,
-      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
-  FERRY_RETURN_IF_ERROR(device->memory()->Reserve(device_bytes, tensor_name, device->name()));
-  auto accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
-
-  PJRT_ShapeSpec spec{};
-  spec.struct_size = PJRT_ShapeSpec_STRUCT_SIZE;
-  spec.dims = src.dims.data();
-  spec.num_dims = src.dims.size();
-  spec.element_type = ToPjrtType(device_dtype);
-  auto create = FERRY_PJRT_ARGS(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args);
-  create.client = runtime_->client();
-  create.shape_specs = &spec;
-  create.num_shape_specs = 1;
-  create.memory = device->default_memory();
-  FERRY_RETURN_IF_ERROR(
-      runtime_->Check(api.PJRT_Client_CreateBuffersForAsyncHostToDevice(&create),
-                      fmt::format("tensor '{}': CreateBuffersForAsyncHostToDevice on {}",
-                                  tensor_name, device->name())));
-  PJRT_AsyncHostToDeviceTransferManager* manager = create.transfer_manager;
-  auto destroy_manager = [&api, manager] {
-    auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
-    args.transfer_manager = manager;
-    ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_Destroy(&args), "Destroy")
-        .IgnoreError();
-  };
-  auto retrieve = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args);
-  retrieve.transfer_manager = manager;
-  retrieve.buffer_index = 0;
-  if (Status status = runtime_->Check(
-          api.PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&retrieve), "RetrieveBuffer");
-      !status.ok()) {
-    destroy_manager();
-    return status;
-  }
-  metrics::ConvertedTransfers()->Add();
-  PjrtBufferParts parts;
-  parts.handle = std::make_shared<PjrtBufferHandle>(runtime_, retrieve.buffer_out);
-  parts.device_dtype = device_dtype;
-  parts.dims = src.dims;
-  parts.memory_keepalive = accounted;
-
-  // Writes every chunk through the shared staging ring (waiting for free chunks), then releases
-  // the manager. The manager may be destroyed while TransferData events are pending: the buffer
-  // keeps the data.
-  auto write_all =
-      [this, &api, src, device_dtype, manager, destroy_manager,
-       name = std::string(tensor_name)](const std::shared_ptr<PieceCounter>& counter) -> Status {
-    Status result = StagedWrite(
-        *staging_, src, device_dtype,
-        [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone done) -> Status {
-          auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
-          args.transfer_manager = manager;
-          args.buffer_index = 0;
-          args.data = chunk.host;
-          args.offset = piece.offset_bytes;
-          args.transfer_size = piece.size_bytes;
-          args.is_last_transfer = piece.last;
-          FERRY_RETURN_IF_ERROR(
-              runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
-                              fmt::format("tensor '{}': TransferData", name)));
-          OnEventReady(api, args.done_with_h2d_transfer, std::move(done), name);
-          return OkStatus();
-        },
-        counter);
-    if (!result.ok()) {
-      // Fail the buffer, so that nothing waits for bytes that will never come.
-      auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_SetBufferError_Args);
-      args.transfer_manager = manager;
-      args.error_code = PJRT_Error_Code_ABORTED;
-      const std::string message(result.message());
-      args.error_message = message.c_str();
-      args.error_message_size = message.size();
-      if (FERRY_PJRT_HAS(runtime_->library(),
-                         PJRT_AsyncHostToDeviceTransferManager_SetBufferError)) {
-        ErrorToStatus(api, api.PJRT_AsyncHostToDeviceTransferManager_SetBufferError(&args),
-                      "SetBufferError")
-            .IgnoreError();
-      }
-    }
-    destroy_manager();
-    return result;
-  };
-
-  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    Promise<> written;
-    auto counter = std::make_shared<PieceCounter>(
-        [written](Status status) { written.Set(std::move(status)); });
-    counter->Done(write_all(counter));
-    FERRY_RETURN_IF_ERROR(written.future().Await());
-    if (on_done) std::move(on_done)();
-    parts.ready = Future<>::Ready(OkStatus());
-    return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
-  }
-
-  Promise<> ready;
-  parts.ready = ready.future();
-  auto buffer = std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
-  // The worker owns the rest: the staging (which may wait for chunks) and the completion.
-  auto finish = [ready, on_done = std::move(on_done),
-                 token = std::move(token)](Status status) mutable {
-    if (on_done) {
-      OnDoneWithHostBuffer release = std::move(on_done);
-      std::move(release)();
-    }
-    ready.Set(std::move(status));
-    token.Release();
-  };
-  auto job = [write_all, finish = std::move(finish), destroy_manager](Status start) mutable {
-    if (!start.ok()) {
-      destroy_manager();
-      std::move(finish)(std::move(start));
-      return;
-    }
-    // The counter starts with this job's own piece, so it cannot finish before every chunk has
-    // been handed to the plugin.
-    auto counter = std::make_shared<PieceCounter>(std::move(finish));
-    counter->Done(write_all(counter));
-  };
-  FERRY_RETURN_IF_ERROR(staging_->Submit(std::move(job)));
-  return buffer;
-}
-
-}  // namespace ferry::pjrt
-
-namespace ferry::pjrt {
 namespace {
 
 // Create-then-fill through the plugin's transfer manager: the buffer is the plugin's own from
@@ -740,14 +595,15 @@ class PjrtBufferWriter final : public BufferWriter {
   PjrtBufferWriter(PjrtClient* client, PjrtDevice* device, DType device_dtype, const Dims& dims,
                    const WriterPlacement& placement, std::string_view tensor_name,
                    PJRT_AsyncHostToDeviceTransferManager* manager, PjrtBufferParts parts,
-                   Promise<> ready)
+                   Promise<> ready, ClientLifetime::Token held)
       : BufferWriter(device_dtype, dims, placement.size_bytes, placement.memory.kind,
                      std::string(tensor_name)),
         device_(device),
         runtime_(client->runtime()),
         manager_(manager),
         parts_(std::move(parts)),
-        ready_(std::move(ready)) {}
+        ready_(std::move(ready)),
+        held_(std::move(held)) {}
 
   ~PjrtBufferWriter() override {
     AbortIfUnfinished();
@@ -763,9 +619,13 @@ class PjrtBufferWriter final : public BufferWriter {
  protected:
   StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
                                 bool last) override {
-    FERRY_ASSIGN_OR_RETURN(
-        ClientLifetime::Token token,
-        ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", name())));
+    // A writer started for an operation already in flight (PutStaged) writes as part of it, so
+    // a client that is closing still takes its bytes; any other write is a new operation.
+    ClientLifetime::Token token = held_.Share();
+    if (!token.held()) {
+      FERRY_ASSIGN_OR_RETURN(
+          token, ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", name())));
+    }
     const PJRT_Api& api = runtime_->api();
     alignas(64) static const std::byte kEmpty[64] = {};
     auto args = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
@@ -819,22 +679,113 @@ class PjrtBufferWriter final : public BufferWriter {
   }
 
   std::unique_ptr<Buffer> MakeBuffer() override {
-    return std::unique_ptr<Buffer>(new PjrtBuffer(device_, parts_));
+    auto buffer = std::unique_ptr<Buffer>(new PjrtBuffer(device_, parts_));
+    // The buffer alone accounts for the device memory from here: dropping it releases the bytes
+    // even while the writer still lives.
+    parts_.memory_keepalive.reset();
+    return buffer;
   }
 
  private:
   PjrtDevice* const device_;
   const std::shared_ptr<PjrtRuntime> runtime_;
   PJRT_AsyncHostToDeviceTransferManager* const manager_;
-  const PjrtBufferParts parts_;
+  PjrtBufferParts parts_;
   Promise<> ready_;
+  const ClientLifetime::Token held_;
 };
 
 }  // namespace
 
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DType device_dtype,
+                                                        PjrtDevice* device,
+                                                        HostBufferSemantics semantics,
+                                                        OnDoneWithHostBuffer on_done,
+                                                        std::string_view tensor_name) {
+  FERRY_RETURN_IF_ERROR(
+      CopyConvertPlan::Create(src, MutableHostView::Dense(nullptr, device_dtype, src.dims))
+          .status());
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  // The buffer is ready once the plugin has the bytes and `on_done` has returned.
+  Promise<> released;
+  ClientLifetime::Token writer_token = token.Share();
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<BufferWriter> started,
+                         StartWriter(device_dtype, src.dims, device, /*memory_kind=*/"",
+                                     tensor_name, released.future(), std::move(writer_token)));
+  std::shared_ptr<BufferWriter> writer = std::move(started);
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  metrics::ConvertedTransfers()->Add();
+
+  // Streams every chunk through the shared staging ring (waiting for free chunks) into the
+  // writer: one TransferData per chunk, at its offset. A failure ends the fill with its error, so
+  // that nothing waits for bytes that will never come.
+  auto write_all = [this, src, device_dtype,
+                    writer](const std::shared_ptr<PieceCounter>& counter) -> Status {
+    Status result = StagedWrite(
+        *staging_, src, device_dtype,
+        [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone done) -> Status {
+          if (piece.size_bytes == 0) {  // an empty tensor: the writer completed it at its start
+            std::move(done)(OkStatus());
+          } else {
+            writer->Write(piece.offset_bytes, chunk.host, piece.size_bytes)
+                .OnReady(std::move(done));
+          }
+          return OkStatus();
+        },
+        counter);
+    if (!result.ok()) writer->Abort(result);
+    return result;
+  };
+  // Runs once every chunk has been taken by the plugin (or the fill failed).
+  auto finish = [released, on_done = std::move(on_done),
+                 token = std::move(token)](Status status) mutable {
+    if (on_done) {
+      OnDoneWithHostBuffer release = std::move(on_done);
+      std::move(release)();
+    }
+    released.Set(std::move(status));
+    token.Release();
+  };
+
+  if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    Promise<> written;
+    auto counter = std::make_shared<PieceCounter>(
+        [written](Status status) { written.Set(std::move(status)); });
+    counter->Done(write_all(counter));
+    Status status = written.future().Await();
+    finish(status);
+    FERRY_RETURN_IF_ERROR(status);
+    return buffer;
+  }
+  // The worker owns the rest: the staging (which may wait for chunks) and the completion.
+  auto job = [write_all, finish = std::move(finish), writer](Status start) mutable {
+    if (!start.ok()) {
+      writer->Abort(start);
+      std::move(finish)(std::move(start));
+      return;
+    }
+    // The counter starts with this job's own piece, so it cannot finish before every chunk has
+    // been handed to the plugin.
+    auto counter = std::make_shared<PieceCounter>(std::move(finish));
+    counter->Done(write_all(counter));
+  };
+  FERRY_RETURN_IF_ERROR(staging_->Submit(std::move(job)));
+  return buffer;
+}
+
 StatusOr<std::unique_ptr<BufferWriter>> PjrtClient::CreateBufferWriter(
     DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind,
     std::string_view tensor_name) {
+  return StartWriter(device_dtype, dims, device, memory_kind, tensor_name, std::nullopt,
+                     ClientLifetime::Token());
+}
+
+StatusOr<std::unique_ptr<BufferWriter>> PjrtClient::StartWriter(
+    DType device_dtype, const Dims& dims, Device* device, std::string_view memory_kind,
+    std::string_view tensor_name, std::optional<Future<>> also_wait_for,
+    ClientLifetime::Token held) {
   FERRY_ASSIGN_OR_RETURN(
       const WriterPlacement placement,
       CheckCreateBufferWriterArgs(*this, device_dtype, dims, device, memory_kind, tensor_name));
@@ -885,12 +836,13 @@ StatusOr<std::unique_ptr<BufferWriter>> PjrtClient::CreateBufferWriter(
   parts.handle = std::make_shared<PjrtBufferHandle>(runtime_, retrieve.buffer_out);
   parts.device_dtype = device_dtype;
   parts.dims = dims;
-  parts.ready = ready.future();
+  parts.ready =
+      also_wait_for.has_value() ? JoinFutures({ready.future(), *also_wait_for}) : ready.future();
   parts.memory_keepalive = accounted;
   parts.memory_kind = placement.memory.kind;
-  auto writer = std::make_unique<PjrtBufferWriter>(this, pjrt_device, device_dtype, dims, placement,
-                                                   tensor_name, create.transfer_manager,
-                                                   std::move(parts), std::move(ready));
+  auto writer = std::make_unique<PjrtBufferWriter>(
+      this, pjrt_device, device_dtype, dims, placement, tensor_name, create.transfer_manager,
+      std::move(parts), std::move(ready), std::move(held));
   writer->Start();
   return std::unique_ptr<BufferWriter>(std::move(writer));
 }

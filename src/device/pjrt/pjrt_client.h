@@ -165,10 +165,21 @@ class PjrtClient final : public Client {
                                               PjrtDevice* device, HostBufferSemantics semantics,
                                               OnDoneWithHostBuffer on_done,
                                               std::string_view tensor_name);
+  // Converting or re-striding puts: the source streamed through the staging ring into a writer
+  // (StartWriter), one TransferData per chunk.
   StatusOr<std::unique_ptr<Buffer>> PutStaged(const HostView& src, DType device_dtype,
                                               PjrtDevice* device, HostBufferSemantics semantics,
                                               OnDoneWithHostBuffer on_done,
                                               std::string_view tensor_name);
+  // A create-then-fill writer over the plugin's transfer manager (CreateBufferWriter). With
+  // `also_wait_for`, the buffer's Ready() completes only once that future has too (PutStaged's
+  // `on_done`). A `held` token makes the writer's writes part of that operation (PutStaged's), so
+  // they proceed while the client is closing; without one each write is an operation of its own.
+  StatusOr<std::unique_ptr<BufferWriter>> StartWriter(DType device_dtype, const Dims& dims,
+                                                      Device* device, std::string_view memory_kind,
+                                                      std::string_view tensor_name,
+                                                      std::optional<Future<>> also_wait_for,
+                                                      ClientLifetime::Token held);
 
   const std::shared_ptr<PjrtRuntime> runtime_;
   PjrtPlatformInfo platform_;
