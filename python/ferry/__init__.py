@@ -553,6 +553,7 @@ def device_put(
     *,
     device_dtype: Any = None,
     semantics: str = "copy",
+    memory_kind: str | None = None,
 ) -> Array | list[Array]:
     """Puts `x` on `device`: one array, or every leaf of a pytree (nested lists, tuples and dicts
     of arrays, as JAX takes them) in one batched call, returned in the same structure.
@@ -566,7 +567,10 @@ def device_put(
     `semantics` is "copy" (the default: `x` has been read when this returns), "async" (returns at
     once; ferry holds `x` until it has read it; do not change `x` meanwhile) or "zero_copy" (the
     host device may alias `x` for the array's life; otherwise as "async"). An input that cannot be
-    moved raises an error naming the cause and, in a batch, the item's index.
+    moved raises an error naming the cause and, in a batch, the item's index. `memory_kind` picks
+    the memory space (one of `device.memory_kinds`, e.g. "pinned_host" on a PJRT device; None: the
+    device's default); a put into a non-default space reads `x` before it returns, whatever the
+    semantics.
     """
     if semantics not in _SEMANTICS:
         raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
@@ -591,9 +595,11 @@ def device_put(
     if isinstance(device, Sharding):
         if batched:
             raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
-        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, names[0], semantics)
+        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, names[0], semantics,
+                                   memory_kind)
         return _with_sharding(array, device)
-    arrays = _ferry.put_each(objects, overrides, _resolve_device(device), names, semantics)
+    arrays = _ferry.put_each(objects, overrides, _resolve_device(device), names, semantics,
+                             memory_kind)
     return rebuild(iter(arrays)) if batched else arrays[0]
 
 

@@ -250,6 +250,11 @@ class Array {
     CheckAlive();
     return sharded_ ? sharded_->addressable_shards() : std::vector<DataPtr>{data_};
   }
+  // The memory space the data lives in (every shard's: one put places them all alike).
+  std::string memory_kind() const {
+    const std::vector<DataPtr> local = handles();
+    return local.empty() ? std::string("device") : local.front()->buffer().memory_kind();
+  }
   bool is_fully_addressable() const {
     CheckAlive();
     return !sharded_ || sharded_->is_fully_addressable();
@@ -465,9 +470,11 @@ std::vector<nb::tuple> LocalShardsOf(const Array& array) {
 }
 
 TransferToDeviceOptions MakeOptions(const std::string& semantics, size_t count,
-                                    const std::optional<std::string>& device_dtype) {
+                                    const std::optional<std::string>& device_dtype,
+                                    const std::optional<std::string>& memory_kind = std::nullopt) {
   TransferToDeviceOptions options;
   options.semantics = ParseSemantics(semantics);
+  options.memory_kind = memory_kind.value_or("");
   if (device_dtype.has_value()) options.device_dtypes.assign(count, ParseDType(*device_dtype));
   return options;
 }
@@ -498,12 +505,12 @@ std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
 
 Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
                  const Sharding& sharding, std::optional<std::string> device_dtype,
-                 const std::string& semantics) {
+                 const std::string& semantics, std::optional<std::string> memory_kind) {
   ApiScope api;
   for (const Device* device : sharding.mesh().devices()) {
     if (device->is_addressable()) CheckDeviceUsable(device);
   }
-  TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype);
+  TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype, memory_kind);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
   const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<ShardedDataPtr> data;
@@ -553,7 +560,8 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
                            const std::vector<std::optional<std::string>>& dtype_overrides,
                            Device* device,
                            const std::vector<std::optional<std::string>>& device_dtypes,
-                           const std::string& semantics_name) {
+                           const std::string& semantics_name,
+                           std::optional<std::string> memory_kind = std::nullopt) {
   ApiScope api;
   if (device == nullptr) device = DeviceByName("host:0");
   CheckDeviceUsable(device);
@@ -561,7 +569,7 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
     throw StatusError{InvalidArgumentError(
         fmt::format("{} device dtypes for {} arrays", device_dtypes.size(), objects.size()))};
   }
-  TransferToDeviceOptions options = MakeOptions(semantics_name, 0, std::nullopt);
+  TransferToDeviceOptions options = MakeOptions(semantics_name, 0, std::nullopt, memory_kind);
   for (const std::optional<std::string>& name : device_dtypes) {
     options.device_dtypes.push_back(name.has_value() ? std::optional(ParseDType(*name))
                                                      : std::nullopt);
@@ -740,6 +748,17 @@ NB_MODULE(_ferry, m) {
       .def_prop_ro("memory_limit",
                    [](const Device& d) { return d.capabilities().memory_limit_bytes; })
       .def_prop_ro("bytes_in_use", &Device::bytes_in_use)
+      .def_prop_ro(
+          "memory_kinds",
+          [](const Device& d) {
+            std::vector<std::string> kinds;
+            if (!d.is_addressable()) return kinds;
+            for (const MemorySpace& space : d.memory_spaces()) kinds.push_back(space.kind);
+            return kinds;
+          },
+          "The memory spaces arrays of this device may live in, its default first (a PJRT device: "
+          "\"device\", \"pinned_host\", \"unpinned_host\"); device_put(..., memory_kind=...) "
+          "picks one.")
       .def_prop_ro("dtypes",
                    [](const Device& d) {
                      std::vector<std::string> names;
@@ -814,6 +833,9 @@ NB_MODULE(_ferry, m) {
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
                    "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
+      .def_prop_ro("memory_kind", &Array::memory_kind,
+                   "The memory space the data lives in: \"device\" (a device's own memory), "
+                   "\"pinned_host\", ... (Device.memory_kinds; device_put's memory_kind).")
       .def_prop_ro("is_fully_addressable", &Array::is_fully_addressable,
                    "Whether every shard is on this process's devices (always, in one process).")
       .def("_local_shards", &LocalShardsOf)
@@ -912,7 +934,8 @@ NB_MODULE(_ferry, m) {
         return indices;
       });
   m.def("put_sharded", &PutSharded, nb::arg("object"), nb::arg("dtype_override").none(),
-        nb::arg("sharding"), nb::arg("device_dtype").none(), nb::arg("semantics"));
+        nb::arg("sharding"), nb::arg("device_dtype").none(), nb::arg("semantics"),
+        nb::arg("memory_kind").none() = nb::none());
   m.def("make_from_shards", &MakeFromShards, nb::arg("shape"), nb::arg("sharding"),
         nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device_dtype").none(),
         nb::arg("semantics"), nb::arg("dtype").none() = nb::none());
@@ -925,7 +948,8 @@ NB_MODULE(_ferry, m) {
   m.def("put", &Put, nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device").none(),
         nb::arg("device_dtype").none(), nb::arg("semantics"));
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
-        nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"));
+        nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
+        nb::arg("memory_kind").none() = nb::none());
   m.def("get", &Get, nb::arg("arrays"));
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);

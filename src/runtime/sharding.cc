@@ -168,8 +168,9 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
   // one's device directly (Device::CopiesBuffersTo: an accelerator's peer copy) is copied there
   // once the first one has arrived, instead of being uploaded again. Only when the call waits
   // anyway (kImmutableOnlyDuringCall): the copy starts after the first upload.
-  const bool copy_replicas =
-      one_source && options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall;
+  const bool copy_replicas = one_source &&
+                             options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall &&
+                             options.memory_kind.empty();
   std::vector<internal::DeviceTransfer> transfers;
   std::vector<size_t> positions;
   std::vector<std::pair<size_t, size_t>> replicas;  // (shard, the earlier shard it copies)
@@ -188,7 +189,7 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
         continue;
       }
     }
-    transfers.push_back({sources[i], device, device_dtype});
+    transfers.push_back({sources[i], device, device_dtype, options.memory_kind});
     positions.push_back(i);
   }
   FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> started,

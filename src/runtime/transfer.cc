@@ -1,7 +1,9 @@
 #include "ferry/runtime/transfer.h"
 
 #include "ferry/core/convert.h"
+#include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
+#include "ferry/device/buffer_writer.h"
 #include "ferry/device/client.h"
 #include "ferry/runtime/dtype_policy.h"
 #include "fmt/format.h"
@@ -46,6 +48,75 @@ std::vector<HostTensor> PendingReads::TakeTensors() {
 
 namespace {
 
+// The device bytes one host chunk of a put into a non-default memory space holds (two of them).
+constexpr int64_t kMemorySpaceChunkBytes = int64_t{8} << 20;
+
+// `view` restricted to rows [begin, end) of its first dim.
+HostView LeadingRows(const HostView& view, int64_t begin, int64_t end) {
+  HostView rows = view;
+  rows.dims[0] = end - begin;
+  rows.data = static_cast<const std::byte*>(view.data) + begin * view.byte_strides[0];
+  return rows;
+}
+
+// A put into memory space `space` of `device` through the backend's create-then-fill writer: a
+// dense source of the device dtype is written as it is; any other is converted by leading-dim
+// rows into two alternating host chunks, each written once the write before it has let go of it.
+// Reads the whole source before it returns, then runs `on_done`.
+StatusOr<std::unique_ptr<Buffer>> PutIntoMemorySpace(const HostView& view, DType device_dtype,
+                                                     Device* device, const MemorySpace& space,
+                                                     HostBufferSemantics semantics,
+                                                     OnDoneWithHostBuffer on_done,
+                                                     const std::string& name) {
+  FERRY_RETURN_IF_ERROR(view.ComputeAddressedBytes(name).status());
+  FERRY_ASSIGN_OR_RETURN(
+      std::unique_ptr<BufferWriter> writer,
+      device->client()->CreateBufferWriter(device_dtype, view.dims, device, space.kind, name));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  if (semantics == HostBufferSemantics::kImmutableZeroCopy) metrics::ZeroCopyFallbacks()->Add();
+  Status written = OkStatus();
+  if (writer->size_bytes() == 0) {
+    // Complete at its start.
+  } else if (view.dtype == device_dtype && view.IsRowMajorDense() && view.IsNativeByteOrder()) {
+    written = writer->Write(0, view.data, writer->size_bytes()).Await();
+  } else {
+    metrics::ConvertedTransfers()->Add();
+    const HostView source = view.rank() == 0 ? HostView(view.data, view.dtype, {1}, {0}) : view;
+    const int64_t rows = source.dims[0];
+    const int64_t row_bytes = writer->size_bytes() / rows;
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kMemorySpaceChunkBytes / row_bytes);
+    Dims chunk_dims = source.dims;
+    chunk_dims[0] = std::min(rows, rows_per_chunk);
+    std::vector<HostTensor> chunks;
+    std::vector<Future<>> in_flight;
+    for (int i = 0; i < 2 && written.ok(); ++i) {
+      StatusOr<HostTensor> chunk = HostTensor::Allocate(device_dtype, chunk_dims);
+      if (!chunk.ok()) written = chunk.status();
+      if (chunk.ok()) chunks.push_back(*std::move(chunk));
+      in_flight.push_back(Future<>::Ready(OkStatus()));
+    }
+    for (int64_t begin = 0, k = 0; begin < rows && written.ok(); begin += rows_per_chunk, ++k) {
+      const int64_t end = std::min(rows, begin + rows_per_chunk);
+      HostTensor& chunk = chunks[k % 2];
+      written = in_flight[k % 2].Await();  // the chunk's previous bytes have been taken
+      if (!written.ok()) break;
+      Dims dims = source.dims;
+      dims[0] = end - begin;
+      const MutableHostView target = MutableHostView::Dense(chunk.data(), device_dtype, dims);
+      written = CopyConvert(LeadingRows(source, begin, end), target);
+      if (!written.ok()) break;
+      in_flight[k % 2] = writer->Write(begin * row_bytes, chunk.data(), (end - begin) * row_bytes);
+    }
+    for (const Future<>& write : in_flight) {  // no chunk is freed while a write still reads it
+      if (Status status = write.Await(); written.ok()) written = status;
+    }
+  }
+  if (!written.ok()) writer->Abort(written);
+  if (on_done) std::move(on_done)();
+  FERRY_RETURN_IF_ERROR(written);
+  return buffer;
+}
+
 // Starts one transfer; `on_done` runs once the source has been read (as `semantics` says).
 StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
                                 HostBufferSemantics semantics, OnDoneWithHostBuffer on_done) {
@@ -70,9 +141,21 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
                     std::string(readable.message())));
   }
   if (downcast) metrics::SourceDowncasts()->Add();
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, device->client()->BufferFromHostBuffer(
-                                                             view, device_dtype, device, semantics,
-                                                             std::move(on_done), source->name()));
+  StatusOr<MemorySpace> found = FindMemorySpace(*device, transfer.memory_kind);
+  if (!found.ok()) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}': {}", source->name(), std::string(found.status().message())));
+  }
+  const MemorySpace& space = *found;
+  std::unique_ptr<Buffer> buffer;
+  if (space.is_default) {
+    FERRY_ASSIGN_OR_RETURN(
+        buffer, device->client()->BufferFromHostBuffer(view, device_dtype, device, semantics,
+                                                       std::move(on_done), source->name()));
+  } else {
+    FERRY_ASSIGN_OR_RETURN(buffer, PutIntoMemorySpace(view, device_dtype, device, space, semantics,
+                                                      std::move(on_done), source->name()));
+  }
   metrics::OutboundData()->AddSample(static_cast<double>(view.dense_size_bytes()));
   return std::make_shared<Data>(std::move(buffer), view.dtype, source->name());
 }
@@ -166,7 +249,8 @@ StatusOr<std::vector<DataPtr>> TransferToDevice(
   transfers.reserve(sources.size());
   for (size_t i = 0; i < sources.size(); ++i) {
     transfers.push_back({sources[i], device,
-                         options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[i]});
+                         options.device_dtypes.empty() ? std::nullopt : options.device_dtypes[i],
+                         options.memory_kind});
   }
   return internal::StartTransfers(transfers, options.semantics);
 }

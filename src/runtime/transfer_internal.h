@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/types/span.h"
@@ -20,6 +21,7 @@ struct DeviceTransfer {
   std::shared_ptr<const TensorSource> source;
   Device* device = nullptr;           // never null: TransferToDevice and Mesh check it first
   std::optional<DType> device_dtype;  // nullopt: the device's profile decides
+  std::string memory_kind;            // empty: the device's default memory space
 };
 
 // Starts every transfer and returns one handle each, in order; all or nothing (see

@@ -13,6 +13,7 @@
 #include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
 #include "ferry/runtime/sharding.h"
+#include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -224,6 +225,51 @@ TEST(PjrtTest, MultiChunkTransfersMatchTheHostBackend) {
         EXPECT_TRUE(want_back == got_back) << "read back differs";
       }
     }
+  }
+}
+
+// Puts into another memory space (TransferToDeviceOptions::memory_kind) land there, exact: a dense
+// source as it is, a transposed one and a converting one through bounded chunks (the 20 MiB one
+// takes three 8 MiB chunks, so a chunk is refilled after its first write); the sharded put too.
+TEST(PjrtTest, PutsLandInTheMemorySpaceAskedFor) {
+  for (bool direct : DirectChoices()) {
+    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
+    PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = direct});
+    Device* device = client->devices()[0];
+    ASSERT_TRUE(FindMemorySpace(*device, "pinned_host").ok());
+    // Stored as [1024, 5000] and put as its transpose, [5000, 1024] (20 MiB of f32).
+    auto stored = std::make_shared<std::vector<float>>(1024 * 5000);
+    for (size_t i = 0; i < stored->size(); ++i) (*stored)[i] = static_cast<float>(i % 65521);
+    const HostView transposed(stored->data(), DType::kF32, {5000, 1024}, {4, 5000 * 4});
+    auto source = TensorSource::Borrow(transposed, stored->data(), 1024 * 5000 * 4, stored, "t");
+    ASSERT_TRUE(source.ok()) << source.status();
+    auto dense_values = std::make_shared<std::vector<float>>(300, 1.5f);
+    auto dense = TensorSource::Borrow(HostView::Dense(dense_values->data(), DType::kF32, {300}),
+                                      dense_values->data(), 1200, dense_values, "d");
+    ASSERT_TRUE(dense.ok()) << dense.status();
+    TransferToDeviceOptions options;
+    options.memory_kind = "pinned_host";
+    options.device_dtypes = {std::nullopt, DType::kBF16};
+    auto data = TransferToDevice({*source, *dense}, device, options);
+    ASSERT_TRUE(data.ok()) << data.status();
+    for (const DataPtr& each : *data) EXPECT_EQ(each->buffer().memory_kind(), "pinned_host");
+    auto back = TransferFromDevice(*data);
+    ASSERT_TRUE(back.ok()) << back.status();
+    const auto* values = reinterpret_cast<const float*>((*back)[0].data());
+    for (int64_t row = 0; row < 5000; row += 499) {
+      for (int64_t column = 0; column < 1024; column += 97) {
+        ASSERT_EQ(values[row * 1024 + column], (*stored)[column * 5000 + row])
+            << row << "," << column;
+      }
+    }
+    EXPECT_EQ(std::memcmp((*back)[1].data(), dense_values->data(), 1200), 0);  // 1.5 is exact
+    // An unknown space is an error naming the tensor and the spaces there are.
+    options.memory_kind = "nowhere";
+    options.device_dtypes.clear();
+    auto refused = TransferToDevice({*dense}, device, options);
+    EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+    EXPECT_THAT(refused.status().message(), HasSubstr("tensor 'd'"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("pinned_host"));
   }
 }
 

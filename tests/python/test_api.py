@@ -201,6 +201,15 @@ def test_host_arrays_export_dlpack_zero_copy():
     assert torch.equal(torch.from_dlpack(b), torch.arange(4, dtype=torch.bfloat16))
 
 
+def test_host_devices_have_one_memory_space():
+    device = ferry.device("host:0")
+    assert device.memory_kinds == ["device"]
+    a = ferry.device_put(np.ones(3, np.float32), device, memory_kind="device")
+    assert a.memory_kind == "device"
+    with pytest.raises(ferry.InvalidArgumentError, match="it has: device"):
+        ferry.device_put(np.ones(3, np.float32), device, memory_kind="pinned_host")
+
+
 def test_dlpack_export_says_where_the_memory_is_or_why_it_cannot():
     a = ferry.device_put(np.arange(8, dtype=np.float32))
     # A consumer that asks for another device, or a stream on host memory, is refused.

@@ -62,3 +62,15 @@ def test_dlpack_export_of_a_pjrt_array_is_zero_copy():
     # Two exports of one array share its device memory: no copy was made.
     assert first.data_ptr() == second.data_ptr()
     np.testing.assert_array_equal(np.from_dlpack(a), x)
+
+
+def test_device_put_places_arrays_in_the_memory_space_asked_for():
+    device = _pjrt_devices()[0]
+    assert device.memory_kinds[0] == "device" and "pinned_host" in device.memory_kinds
+    x = np.arange(6 * 40, dtype=np.float64).reshape(6, 40)[:, ::3]  # strided, converted below
+    a = ferry.device_put(x, device, memory_kind="pinned_host", device_dtype="float32")
+    assert a.memory_kind == "pinned_host"
+    np.testing.assert_array_equal(a.to_numpy(), x)
+    assert ferry.device_put(x, device).memory_kind == "device"
+    with pytest.raises(ferry.InvalidArgumentError, match="no memory space 'nowhere'"):
+        ferry.device_put(x, device, memory_kind="nowhere")

@@ -56,6 +56,13 @@ struct TransferToDeviceOptions {
   // Empty, or one entry per source: an explicit device dtype for that source (nullopt: the
   // device's profile decides; see dtype_policy.h).
   std::vector<std::optional<DType>> device_dtypes;
+  // The memory space every buffer goes to (Device::memory_spaces(): "device", "pinned_host", ...);
+  // empty: the device's default. InvalidArgument, listing the device's spaces, for one it lacks.
+  // A put into a space other than the default goes through the backend's create-then-fill
+  // writer (Client::CreateBufferWriter), converting into at most two bounded host chunks, and
+  // reads its source during the call whatever the semantics (on_done runs before it returns;
+  // kImmutableZeroCopy never aliases there and counts a fallback).
+  std::string memory_kind;
 };
 
 // Starts moving every source to `device` and returns one handle per source, in order, at once.
