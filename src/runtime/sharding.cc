@@ -1,8 +1,5 @@
 #include "ferry/runtime/sharding.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <set>
 
@@ -209,41 +206,6 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
 }
 
 }  // namespace
-
-void AdviseExactShardReads(const HostView& view, const Sharding& sharding) {
-  auto indices = sharding.ShardIndices(view.dims);
-  if (!indices.ok() || !view.IsRowMajorDense()) return;
-  std::vector<HostView> parts;
-  for (size_t i = 0; i < indices->size(); ++i) {
-    if (!sharding.mesh().devices()[i]->is_addressable()) continue;
-    HostView part = SubView(view, (*indices)[i]);
-    if (part.num_elements() == 0) continue;
-    if (!part.IsRowMajorDense()) return;  // strided: leave the kernel's read-around on
-    parts.push_back(part);
-  }
-  if (parts.empty()) return;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(view.data);
-  const auto aligned = begin / page * page;
-  // MADV_RANDOM turns off the read-around on faults in the tensor (errors: not a mapping, or an
-  // old kernel; the reads stay correct, merely less exact).
-  if (madvise(reinterpret_cast<void*>(aligned),
-              begin + static_cast<uintptr_t>(view.dense_size_bytes()) - aligned,
-              MADV_RANDOM) != 0) {
-    return;
-  }
-  // One MADV_WILLNEED reads at most the device's read-ahead window (Linux caps it there: 128 KiB
-  // by default), so each shard goes in steps of that size.
-  constexpr uintptr_t kStep = uintptr_t{128} << 10;
-  for (const HostView& part : parts) {
-    const auto part_begin = reinterpret_cast<uintptr_t>(part.data) / page * page;
-    const auto part_end =
-        reinterpret_cast<uintptr_t>(part.data) + static_cast<uintptr_t>(part.dense_size_bytes());
-    for (uintptr_t step = part_begin; step < part_end; step += kStep) {
-      madvise(reinterpret_cast<void*>(step), std::min(kStep, part_end - step), MADV_WILLNEED);
-    }
-  }
-}
 
 HostView SubView(const HostView& view, const ShardIndex& index) { return SubViewImpl(view, index); }
 MutableHostView SubView(const MutableHostView& view, const ShardIndex& index) {

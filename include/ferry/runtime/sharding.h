@@ -78,11 +78,15 @@ HostView SubView(const HostView& view, const ShardIndex& index);
 MutableHostView SubView(const MutableHostView& view, const ShardIndex& index);
 
 // For a view into a memory-mapped file (a TensorFile source): advises the kernel to read exactly
-// the bytes of this process's shards of `view` under `sharding`, not its usual read-around window
+// the pages of this process's shards of `view` under `sharding`, not its usual read-around window
 // past each shard's edge (which, for tensors of a few MiB, reads the other processes' shards too).
-// Applies only when every local shard is contiguous in memory (a split of the leading dim); does
-// nothing otherwise, or for memory that is not a file mapping. Advice only: the data read is the
-// same either way. Call it before the transfer that reads the shards.
+// A shard split on the leading dim is one contiguous range; a shard split on a later dim is a set
+// of strided runs (one per row of the dims before it), and only the pages those runs cover are
+// read. Reads are page-granular: where the gap between two runs is under a page it holds no whole
+// page, so a split of rows narrower than a few pages reads nearly the whole tensor. Applies
+// to row-major dense views; does nothing otherwise, or for memory that is not a file mapping.
+// Advice only: the data read is the same either way. Call it before the transfer that reads the
+// shards.
 void AdviseExactShardReads(const HostView& view, const Sharding& sharding);
 
 // A tensor spread over a mesh: one Data handle per mesh device (row-major mesh order). In a
