@@ -33,7 +33,21 @@ expect_output() {  # expect_output DESCRIPTION PATTERN FILE [COUNT]
   fi
 }
 
+fits() {  # fits DESCRIPTION COLUMNS FILE: no line of FILE is wider than COLUMNS
+  local widest
+  widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w + 0 }' "$3")
+  if [[ $widest -le $2 ]]; then
+    echo "ok: $1 (widest line $widest)"; passes=$((passes + 1))
+  else
+    echo "FAIL: $1: a line of $widest columns"; awk -v c="$2" 'length($0) > c' "$3"
+    failures=$((failures + 1))
+  fi
+}
+
 export FERRY_HOST_DEVICES=2
+# The report is laid out like the one-process put's (tools/ferry/text_layout.h): without a
+# terminal, $COLUMNS columns, 80 when it is unset.
+unset COLUMNS
 check "sample" 0 "$ferry" sample "$work/s.safetensors" --size 3MiB
 for n in 2 4; do
   for dim in 0 1; do
@@ -43,6 +57,7 @@ for n in 2 4; do
     expect_output "-n $n dim $dim: verified" "every tensor's global checksum matches the file" "$work/out"
     expect_output "-n $n dim $dim: $((2 * n)) devices of $n processes" "on $((2 * n)) devices of $n process" "$work/out"
     expect_output "-n $n dim $dim: a row per rank" "^ *$((n - 1)) *2 " "$work/out" 1
+    fits "-n $n dim $dim: the report fits 80 columns" 80 "$work/out"
   done
   expect_output "-n $n: json per rank" "\"rank\": $((n - 1))" "$work/$n.json"
 done
@@ -55,7 +70,14 @@ expect_output "json has the aggregate" '"aggregate_gbps"' "$work/cold.json"
 check "converted --verify" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" --mesh all \
   --device-dtype bfloat16 --verify
 expect_output "float32 stored as bfloat16" "lm_head.weight .*float32 -> bfloat16" "$work/out"
-expect_output "lossy conversion reported" "differs (lossy conversion)" "$work/out"
+expect_output "a lossy tensor on its own line" "^differs (lossy conversion): lm_head.weight (float32 -> bfloat16)$" "$work/out" 1
+expect_output "the verdict counts them" "^verified: .* tensors' global checksums match the file; .* differ by the" "$work/out" 1
+fits "converted --verify: the report fits 80 columns" 80 "$work/out"
+# A wider COLUMNS is used: long tensor names whole (shortened in the middle at 80 columns).
+check "COLUMNS=160" 0 env COLUMNS=160 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
+  --mesh all --shard-dim 1 --verify
+fits "COLUMNS=160: the report fits 160 columns" 160 "$work/out"
+expect_output "COLUMNS=160: a long name whole" "^model.layers.0.post_attention_layernorm.weight " "$work/out" 1
 
 # Every backend that starts here (OpenCL on PoCL, the XLA CPU PJRT plugin): one client per process.
 for backend in opencl pjrt; do

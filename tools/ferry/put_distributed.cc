@@ -1,15 +1,11 @@
 #include "tools/ferry/put_distributed.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <optional>
 #include <set>
 
@@ -23,59 +19,13 @@
 #include "fmt/ranges.h"
 #include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
+#include "tools/ferry/process_usage.h"
+#include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
 namespace {
 
 constexpr std::string_view kCommand = "put";
-
-// Bytes this process caused to be read from storage (/proc/self/io read_bytes: page-cache misses,
-// mapped-file faults and their read-ahead included); -1 where the kernel does not say.
-int64_t StorageReadBytes() {
-  std::ifstream io("/proc/self/io");
-  std::string key;
-  int64_t value = 0;
-  while (io >> key >> value) {
-    if (key == "read_bytes:") return value;
-  }
-  return -1;
-}
-
-int64_t PeakRssBytes() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
-}
-
-// Bytes of `path` in the page cache (mincore over a fresh mapping of the whole file).
-StatusOr<int64_t> ResidentBytes(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(fmt::format("cannot open '{}'", path));
-  const off_t size = lseek(fd, 0, SEEK_END);
-  if (size <= 0) {
-    close(fd);
-    return 0;
-  }
-  void* mapped = mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (mapped == MAP_FAILED) return absl::InternalError(fmt::format("cannot map '{}'", path));
-  const int64_t page = sysconf(_SC_PAGESIZE);
-  std::vector<unsigned char> resident(static_cast<size_t>((size + page - 1) / page));
-  int64_t bytes = 0;
-  if (mincore(mapped, static_cast<size_t>(size), resident.data()) == 0) {
-    for (unsigned char flag : resident) bytes += (flag & 1) ? page : 0;
-  }
-  munmap(mapped, static_cast<size_t>(size));
-  return std::min<int64_t>(bytes, size);
-}
-
-void DropPageCache(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;  // opening the file reports it
-  fdatasync(fd);       // dirty pages (a file just written) cannot be dropped
-  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  close(fd);
-}
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
@@ -129,21 +79,6 @@ std::vector<std::vector<std::string>> SpecFor(const Tensor& tensor, int shard_di
   std::vector<std::vector<std::string>> spec(static_cast<size_t>(rank));
   if (tensor.split) spec[static_cast<size_t>(shard_dim)] = {"all"};
   return spec;
-}
-
-// Anonymous (not file-backed) resident memory now: the devices' copies and the heap.
-int64_t AnonymousRssBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "RssAnon:") {
-      int64_t kib = 0;
-      status >> kib;
-      return kib * 1024;
-    }
-    status.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return -1;
 }
 
 int64_t TensorBytes(const Tensor& tensor) {
@@ -240,6 +175,122 @@ bool RequestApplies(DType requested, DType source) {
   return a == b || (integer(a) && integer(b));
 }
 
+enum class Verdict { kUnchecked, kMatch, kLossy, kMismatch };
+
+// What rank 0 reports for the job.
+struct JobSummary {
+  bool verify = false;
+  int shard_dim = 0;
+  size_t devices = 0;
+  int processes = 1;
+  int64_t total_bytes = 0;
+  int64_t resident_after = 0;
+  double seconds = 0;  // the slowest rank's
+  nlohmann::json ranks;
+
+  double aggregate_gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
+};
+
+// Bytes in at most 10 characters ("1008.2 MiB"), "?" where a rank could not tell.
+std::string ShortBytes(int64_t bytes) {
+  if (bytes < 0) return "?";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
+}
+
+// The job's report for `width` columns, laid out like the one-process put (TextTable,
+// WrapToString): the tensors (long names, then shapes, give way), a row per rank (numbers stay
+// whole: nine columns fit 80), then the totals and the verify verdicts (a line for every tensor
+// that does not match), each on lines of their own.
+std::string FormatJobReport(const std::vector<Tensor>& tensors,
+                            const std::vector<Verdict>& verdicts, const JobSummary& job,
+                            int width) {
+  using Align = TextTable::Align;
+  TextTable table({{"tensor", Align::kLeft, 0, 12},
+                   {"shape", Align::kLeft, 1, 9},
+                   {"file -> device", Align::kLeft, -1},
+                   {"layout", Align::kLeft, -1},
+                   {"size", Align::kRight, -1}});
+  const auto dtypes = [](const Tensor& tensor) {
+    return fmt::format("{} -> {}", DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype));
+  };
+  for (const Tensor& tensor : tensors) {
+    table.AddRow({tensor.entry.name, fmt::format("[{}]", fmt::join(tensor.dims, ",")),
+                  dtypes(tensor), tensor.split ? "split" : "repl",
+                  FormatBytes(static_cast<double>(TensorBytes(tensor)))});
+  }
+  std::string out = table.Render(width);
+  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
+  add(
+      fmt::format("split: dim {} over the {} devices of the mesh, each rank reading only its own "
+                  "shards; repl: replicated on every device (tensors of rank {} or less)",
+                  job.shard_dim, job.devices, job.shard_dim));
+  out += "\n";
+
+  TextTable ranks({{"rank", Align::kRight, -1},
+                   {"dev", Align::kRight, -1},
+                   {"shards", Align::kRight, -1},
+                   {"read", Align::kRight, -1},
+                   {"alone", Align::kRight, -1},
+                   {"anon peak", Align::kRight, -1},
+                   {"file peak", Align::kRight, -1},
+                   {"time s", Align::kRight, -1},
+                   {"GB/s", Align::kRight, -1}});
+  for (const nlohmann::json& rank : job.ranks) {
+    const double seconds = rank["seconds"].get<double>();
+    const int64_t shard_bytes = rank["shard_bytes"].get<int64_t>();
+    ranks.AddRow({fmt::format("{}", rank["rank"].get<int>()),
+                  fmt::format("{}", rank["devices"].get<int64_t>()), ShortBytes(shard_bytes),
+                  ShortBytes(rank["storage_read_bytes"].get<int64_t>()),
+                  ShortBytes(rank["isolated_read_bytes"].get<int64_t>()),
+                  ShortBytes(rank["peak_anonymous_bytes"].get<int64_t>()),
+                  ShortBytes(rank["peak_file_backed_bytes"].get<int64_t>()),
+                  fmt::format("{:.3f}", seconds),
+                  fmt::format("{:.2f}", seconds > 0 ? shard_bytes / seconds / 1e9 : 0.0)});
+  }
+  out += ranks.Render(width);
+  add("read: from storage during the put (a page shared by ranks counts once, for whoever read it "
+      "first); alone: what the rank reads with no other rank running (--drop-page-cache); anon "
+      "peak, file peak: its resident memory at its largest during the put, anonymous (heap, "
+      "device buffers) and file-backed (mapped pages of the file, read by it or by another rank, "
+      "and of the libraries)");
+  add(fmt::format("total: {} tensors, {} on {} devices of {} process(es)", tensors.size(),
+                  FormatBytes(static_cast<double>(job.total_bytes)), job.devices, job.processes));
+  add(fmt::format("in {:.3f} s = {:.2f} GB/s aggregate; file pages resident after the run: {}",
+                  job.seconds, job.aggregate_gbps(),
+                  FormatBytes(static_cast<double>(job.resident_after))));
+  if (!job.verify) return out;
+  const auto count = [&](Verdict verdict) {
+    return std::count(verdicts.begin(), verdicts.end(), verdict);
+  };
+  if (count(Verdict::kMismatch) > 0) {
+    add(fmt::format("verify FAILED: {} of {} tensors' global checksums differ from the file",
+                    count(Verdict::kMismatch), tensors.size()));
+  } else if (count(Verdict::kLossy) > 0) {
+    add(
+        fmt::format("verified: {} of {} tensors' global checksums match the file; {} differ by the "
+                    "requested conversion",
+                    count(Verdict::kMatch), tensors.size(), count(Verdict::kLossy)));
+  } else {
+    add("verified: every tensor's global checksum matches the file");
+  }
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (verdicts[t] == Verdict::kLossy) {
+      add(fmt::format("differs (lossy conversion): {} ({})", tensors[t].entry.name,
+                      dtypes(tensors[t])));
+    } else if (verdicts[t] == Verdict::kMismatch) {
+      add(fmt::format("MISMATCH: {} ({})", tensors[t].entry.name, dtypes(tensors[t])));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 int RunPutOverAllDevices(const DistributedPutOptions& options) {
@@ -306,6 +357,8 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     for (const std::string& path : options.files) DropPageCache(path);
   }
   const int64_t read_before = StorageReadBytes();
+  const int64_t anonymous_before = CurrentResidentMemory().anonymous;
+  ResidentMemorySampler memory_sampler;
   if (Status ready = group.Barrier("the start"); !ready.ok()) return ReportError(kCommand, ready);
   const auto start = std::chrono::steady_clock::now();
 
@@ -353,13 +406,10 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     return ReportError(kCommand, agreed);
   }
 
-  // Read exactly this process's shards. The kernel's read-around on a page fault reads a window
-  // (read_ahead_kb: 8 MiB here) past a shard's edge, which for tensors of a few MiB is the whole
-  // tensor. A shard that is contiguous in the file (a split of the leading dim) is read ahead
-  // exactly (MADV_WILLNEED on its bytes) with the read-around turned off (MADV_RANDOM) on its
-  // tensor; strided shards keep the read-around (page by page faults would be slow). Measured on
-  // this machine (1 GiB sample, 2 ranks, cold cache): each rank alone read 1006 MiB for its
-  // 504 MiB of shards with the kernel's read-around, 504.4 MiB with this.
+  // Read exactly the pages of this process's shards (AdviseExactShardReads): the kernel's
+  // read-around past a shard's edge would read other ranks' shards too. Measured on this machine
+  // (1 GiB sample, 2 ranks, cold cache): each rank alone read 1006 MiB for its 504 MiB of shards
+  // with the kernel's read-around, 504.4 MiB with the advice (docs/distributed.md).
   for (const Tensor& tensor : tensors) {
     if (!tensor.entry.zero_copy || !tensor.split) continue;
     AdviseShardReads(tensor, *mesh, options.shard_dim);
@@ -384,14 +434,16 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t read_bytes = read_before < 0 ? -1 : StorageReadBytes() - read_before;
+  const ResidentMemory peak_memory = memory_sampler.Stop();
   const int64_t peak_rss = PeakRssBytes();
-  const int64_t anonymous_rss = AnonymousRssBytes();
+  const int64_t anonymous_rss = CurrentResidentMemory().anonymous;
+  const int64_t mapped_bytes = MappedFileBytes(options.files);
   if (Status agreed = agree(local, "putting the tensors"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
 
   // --verify: per tensor, the file's checksum and the devices' summed over the ranks.
-  std::vector<std::string> verdicts(tensors.size());
+  std::vector<Verdict> verdicts(tensors.size(), Verdict::kUnchecked);
   bool verified_exact = true;
   if (options.verify) {
     auto sums = LocalChecksums(tensors);
@@ -403,7 +455,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     for (size_t t = 0; t < tensors.size(); ++t) {
       const bool match = (*total)[2 * t] == (*total)[2 * t + 1];
       const bool converted = tensors[t].device_dtype != tensors[t].file_dtype;
-      verdicts[t] = match ? "match" : converted ? "differs (lossy conversion)" : "MISMATCH";
+      verdicts[t] = match ? Verdict::kMatch : converted ? Verdict::kLossy : Verdict::kMismatch;
       if (!match && !converted) verified_exact = false;
     }
   }
@@ -413,7 +465,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     return ReportError(kCommand, ready);
   }
   int64_t resident = 0;
-  for (const std::string& path : options.files) resident += ResidentBytes(path).value_or(0);
+  for (const std::string& path : options.files) resident += PageCacheBytes(path).value_or(0);
 
   // --drop-page-cache: what each rank reads on its own. The page cache is shared on one machine,
   // so concurrent ranks' reads (and the kernel's read-around past a shard's edge) land on whoever
@@ -451,7 +503,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
         if (local.ok()) local = SendShards(tensors, *mesh, options.shard_dim, semantics);
         isolated_read = 0;
         for (const std::string& path : options.files)
-          isolated_read += ResidentBytes(path).value_or(0);
+          isolated_read += PageCacheBytes(path).value_or(0);
         for (Tensor& tensor : tensors) tensor.entry.source.reset();
       }
       if (Status done = group.Barrier("measuring reads"); !done.ok()) {
@@ -463,77 +515,49 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     }
   }
 
-  // One table for the job, printed by rank 0 from every rank's numbers.
+  // One report for the job, printed by rank 0 from every rank's numbers.
   nlohmann::json mine = {{"rank", group.rank()},
                          {"devices", local_devices.size()},
                          {"shard_bytes", shard_bytes},
                          {"storage_read_bytes", read_bytes},
-                         {"peak_rss_bytes", peak_rss},
-                         {"anonymous_rss_bytes", anonymous_rss},
                          {"isolated_read_bytes", isolated_read},
+                         {"peak_rss_bytes", peak_rss},
+                         {"peak_anonymous_bytes", peak_memory.anonymous},
+                         {"peak_file_backed_bytes", peak_memory.file},
+                         {"anonymous_before_bytes", anonymous_before},
+                         {"anonymous_rss_bytes", anonymous_rss},
+                         {"mapped_file_bytes", mapped_bytes},
                          {"seconds", seconds}};
   auto gathered = group.AllGather(mine.dump(), "gathering the results");
   if (!gathered.ok()) return ReportError(kCommand, gathered.status());
   if (group.rank() == 0) {
-    size_t name_width = 6;
-    for (const Tensor& tensor : tensors)
-      name_width = std::max(name_width, tensor.entry.name.size());
-    fmt::print("{:<{}} {:<14} {:<20} {:<18} {:>10}{}\n", "tensor", name_width, "shape",
-               "dtype (file -> dev)", "layout", "size", options.verify ? "  verify" : "");
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const Tensor& tensor = tensors[t];
-      fmt::print(
-          "{:<{}} {:<14} {:<20} {:<18} {:>10}{}\n", tensor.entry.name, name_width,
-          fmt::format("[{}]", fmt::join(tensor.dims, ",")),
-          fmt::format("{} -> {}", DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype)),
-          tensor.split ? fmt::format("dim {} over {}", options.shard_dim, mesh_devices.size())
-                       : "replicated",
-          FormatBytes(static_cast<double>(TensorBytes(tensor))),
-          options.verify ? "  " + verdicts[t] : "");
-    }
-    fmt::print("\n{:>4} {:>7} {:>11} {:>11} {:>11} {:>11} {:>11} {:>7} {:>6}\n", "rank", "devices",
-               "shards", "disk read", "alone read", "peak RSS", "anon RSS", "time s", "GB/s");
-    double slowest = 0;
-    nlohmann::json ranks = nlohmann::json::array();
+    JobSummary job;
+    job.verify = options.verify;
+    job.shard_dim = options.shard_dim;
+    job.devices = mesh_devices.size();
+    job.processes = group.size();
+    job.total_bytes = total_bytes;
+    job.resident_after = resident;
+    job.ranks = nlohmann::json::array();
     for (const std::string& text : *gathered) {
-      const nlohmann::json r = nlohmann::json::parse(text);
-      const double s = r["seconds"].get<double>();
-      slowest = std::max(slowest, s);
-      const int64_t bytes = r["shard_bytes"].get<int64_t>();
-      const int64_t read = r["storage_read_bytes"].get<int64_t>();
-      const int64_t anonymous = r["anonymous_rss_bytes"].get<int64_t>();
-      const auto size_text = [](int64_t value) {
-        return value < 0 ? std::string("?") : FormatBytes(static_cast<double>(value));
-      };
-      fmt::print("{:>4} {:>7} {:>11} {:>11} {:>11} {:>11} {:>11} {:>7.3f} {:>6.2f}\n",
-                 r["rank"].get<int>(), r["devices"].get<int64_t>(), size_text(bytes),
-                 size_text(read), size_text(r["isolated_read_bytes"].get<int64_t>()),
-                 size_text(r["peak_rss_bytes"].get<int64_t>()), size_text(anonymous), s,
-                 s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0);
-      ranks.push_back(r);
+      job.ranks.push_back(nlohmann::json::parse(text));
+      job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
     }
-    const double aggregate = slowest > 0 ? static_cast<double>(total_bytes) / slowest / 1e9 : 0;
-    fmt::print(
-        "total: {} tensors, {} on {} devices of {} process(es) in {:.3f} s = {:.2f} GB/s "
-        "aggregate; file pages resident after the run: {}{}\n",
-        tensors.size(), FormatBytes(static_cast<double>(total_bytes)), mesh_devices.size(),
-        group.size(), slowest, aggregate, FormatBytes(static_cast<double>(resident)),
-        !options.verify  ? ""
-        : verified_exact ? "; verified: every tensor's global checksum matches the file"
-                         : "; verify FAILED");
+    fmt::print("{}", FormatJobReport(tensors, verdicts, job, OutputWidth(STDOUT_FILENO)));
+    std::fflush(stdout);
     if (!options.json_path.empty()) {
       nlohmann::json json = {{"files", options.files},
                              {"processes", group.size()},
                              {"devices", mesh_devices.size()},
                              {"shard_dim", options.shard_dim},
                              {"total_bytes", total_bytes},
-                             {"seconds", slowest},
-                             {"aggregate_gbps", aggregate},
+                             {"seconds", job.seconds},
+                             {"aggregate_gbps", job.aggregate_gbps()},
                              {"resident_bytes_after", resident},
                              {"dropped_page_cache", options.drop_page_cache},
                              {"verified", options.verify},
                              {"verified_exact", options.verify && verified_exact},
-                             {"ranks", ranks}};
+                             {"ranks", job.ranks}};
       std::ofstream out(options.json_path);
       out << json.dump(2) << "\n";
       if (!out) {
@@ -544,7 +568,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   }
   if (options.verify && !verified_exact) {
     return ReportError(kCommand, absl::DataLossError("verify: a tensor's global checksum differs "
-                                                     "from the file's (see the table)"));
+                                                     "from the file's (see the report)"));
   }
   return kExitOk;
 }
