@@ -312,6 +312,8 @@ StatusOr<ParsedTensors> ParseSafetensors(const std::shared_ptr<const MappedFile>
                                                "{}-byte file",
                                                header_size, file_size));
   }
+  // Read-around is off while a file is parsed (tensor_file.cc): the header is read ahead here.
+  file->Prefetch(0, 8 + static_cast<int64_t>(header_size));
   const std::string_view header_text(reinterpret_cast<const char*>(file->data() + 8),
                                      static_cast<size_t>(header_size));
   if (const int64_t invalid = FindInvalidUtf8(header_text); invalid >= 0) {

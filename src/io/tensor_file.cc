@@ -1,5 +1,7 @@
 #include "ferry/io/tensor_file.h"
 
+#include <sys/mman.h>
+
 #include <cctype>
 #include <cstring>
 #include <utility>
@@ -40,6 +42,27 @@ TensorFileFormat DetectFormat(const MappedFile& file) {
   return TensorFileFormat::kSafetensors;
 }
 
+// The kernel's read-around on a page fault of a file mapping reads a window around the page
+// (read_ahead_kb: 8 MiB on this machine). Reading a header through the mapping would then read that
+// much of the tensors after it, which a process that loads only its own shards never needs
+// (docs/distributed.md). So read-around is off while the metadata is parsed (a parser that reads a
+// long header reads it ahead itself, MappedFile::Prefetch) and back to the default after.
+class NoReadAroundWhileParsing {
+ public:
+  explicit NoReadAroundWhileParsing(const MappedFile& file) : file_(file) { Advise(MADV_RANDOM); }
+  ~NoReadAroundWhileParsing() { Advise(MADV_NORMAL); }
+  NoReadAroundWhileParsing(const NoReadAroundWhileParsing&) = delete;
+  NoReadAroundWhileParsing& operator=(const NoReadAroundWhileParsing&) = delete;
+
+ private:
+  void Advise(int advice) {
+    if (!file_.is_mapped() || file_.size() == 0) return;
+    // Advice only (errors ignored): the data reads the same either way.
+    ::madvise(const_cast<std::byte*>(file_.data()), static_cast<size_t>(file_.size()), advice);
+  }
+  const MappedFile& file_;
+};
+
 }  // namespace
 
 std::string_view TensorFileFormatName(TensorFileFormat format) {
@@ -73,6 +96,7 @@ void TensorFile::Prefetch(int touch_threads) const {
 StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
                                      const TensorFileOptions& options) {
   if (file == nullptr) return InvalidArgumentError("ParseTensorFile: no file");
+  NoReadAroundWhileParsing no_read_around(*file);
   const TensorFileFormat format = options.format.value_or(DetectFormat(*file));
   StatusOr<io_internal::ParsedTensors> parsed = InvalidArgumentError("unknown tensor file format");
   switch (format) {

@@ -2,6 +2,10 @@
 // (sources outlive the file object), Prefetch, and errors from the file system.
 #include "ferry/io/tensor_file.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -138,6 +142,58 @@ TEST(TensorFileTest, FormatNamesAreStable) {
   EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kSafetensors), "safetensors");
   EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kNpy), "npy");
   EXPECT_EQ(TensorFileFormatName(TensorFileFormat::kNpz), "npz");
+}
+
+// Bytes of `path` in the page cache, after dropping it first when `drop`; -1 when it cannot be
+// mapped.
+int64_t PageCacheBytes(const std::string& path, bool drop) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) return -1;
+  const size_t size = static_cast<size_t>(lseek(fd, 0, SEEK_END));
+  if (drop) {
+    fdatasync(fd);  // dirty pages cannot be dropped
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  }
+  void* mapped = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mapped == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  int64_t bytes = 0;
+  if (mincore(mapped, size, resident.data()) == 0) {
+    for (unsigned char flag : resident) bytes += (flag & 1) ? static_cast<int64_t>(page) : 0;
+  }
+  munmap(mapped, size);
+  return bytes;
+}
+
+// A process that loads only its own shards must not read other tensors while opening the file:
+// the kernel's read-around on the header's page fault (read_ahead_kb, 8 MiB on some machines)
+// used to read that much of the tensors after it.
+TEST(TensorFileTest, OpeningAFileReadsItsMetadataNotTheTensors) {
+  std::vector<float> values(3 << 20);  // 12 MiB per tensor
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  const HostView view = io_test::DenseView(values.data(), DType::kF32, {3 << 10, 1 << 10});
+  TempDir dir;
+  ASSERT_TRUE(WriteSafetensors(dir.Path("a.safetensors"), {{"a", view}, {"b", view}}).ok());
+  ASSERT_TRUE(WriteNpz(dir.Path("a.npz"), {{"a", view}, {"b", view}}, false).ok());
+  ASSERT_TRUE(WriteNpy(dir.Path("a.npy"), view).ok());
+  for (const char* name : {"a.safetensors", "a.npz", "a.npy"}) {
+    SCOPED_TRACE(name);
+    const std::string path = dir.Path(name);
+    if (PageCacheBytes(path, /*drop=*/true) != 0) {
+      GTEST_SKIP() << "the file stays in memory after posix_fadvise(DONTNEED) (tmpfs?): reads "
+                      "cannot be observed";
+    }
+    auto file = TensorFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_FALSE(file->tensors().empty());
+    // The header, the zip's directory and local headers: a few pages, not megabytes.
+    EXPECT_LE(PageCacheBytes(path, /*drop=*/false), 64 << 10);
+    // Reading after the parse has the kernel's read-around back (the mapping's default).
+    const auto* data = static_cast<const volatile float*>(file->tensors()[0].source->view().data);
+    EXPECT_EQ(data[1 << 20], static_cast<float>(1 << 20));
+  }
 }
 
 }  // namespace
