@@ -475,7 +475,10 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   int64_t isolated_read = -1;
   if (options.drop_page_cache) {
     files.clear();
-    for (Tensor& tensor : tensors) tensor.entry.source.reset();
+    for (Tensor& tensor : tensors) {
+      tensor.entry.source.reset();
+      tensor.sharded.reset();
+    }
     for (int turn = 0; turn < group.size() && local.ok(); ++turn) {
       for (const std::string& path : options.files) DropPageCache(path);
       if (Status ready = group.Barrier("measuring reads"); !ready.ok()) {
@@ -504,7 +507,10 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
         isolated_read = 0;
         for (const std::string& path : options.files)
           isolated_read += PageCacheBytes(path).value_or(0);
-        for (Tensor& tensor : tensors) tensor.entry.source.reset();
+        for (Tensor& tensor : tensors) {
+          tensor.entry.source.reset();
+          tensor.sharded.reset();
+        }
       }
       if (Status done = group.Barrier("measuring reads"); !done.ok()) {
         return ReportError(kCommand, done);
