@@ -8,6 +8,11 @@ import time
 
 import numpy as np
 
+if sys.argv[1:2] == ["mpi4py_first"]:
+    # The program uses mpi4py before ferry: importing mpi4py.MPI initialises MPI (and registers
+    # its MPI_Finalize at exit); ferry must join that MPI, not initialise or finalize it again.
+    from mpi4py import MPI
+
 os.environ.setdefault("FERRY_HOST_DEVICES", "2")
 import ferry  # noqa: E402
 
@@ -170,6 +175,49 @@ def case_spmd(directory):
         assert np.array_equal(shard.data, x[shard.index]), "wrong data after the commits"
     ferry._ferry._barrier("all committed")
     print(f"rank {ferry.process_index()} ok: {repeats} commits", flush=True)
+
+
+def check_alongside_mpi4py(directory, comm):
+    """ferry's collectives and mpi4py's on the same processes, interleaved, both ways round."""
+    me, count = ferry.process_index(), ferry.process_count()
+    assert (me, count) == (comm.Get_rank(), comm.Get_size()), (me, count, comm.Get_rank())
+    assert ferry.distributed.engine() == "mpi"
+    # mpi4py, then ferry: every rank's pid gathered both ways gives the same list.
+    pids = comm.allgather(os.getpid())
+    assert len(set(pids)) == count, pids
+    path = os.path.join(directory, "checkpoint.safetensors")
+    tensors = write_checkpoint(path)  # ferry's barrier inside
+    devices = ferry.global_devices()
+    mesh = ferry.Mesh(devices, [len(devices)], ["all"])
+    loaded = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=0))
+    checked = sum(check_shards(name, loaded[name], expected) for name, expected in tensors.items())
+    # ferry, then mpi4py: the ranks' shard counts add up to every device's shards of every tensor.
+    total = comm.allreduce(checked)
+    assert total == len(devices) * len(tensors), (total, len(devices), len(tensors))
+    comm.Barrier()
+    ferry._ferry._barrier("after mpi4py's collectives")
+    return checked, total
+
+
+def case_mpi4py_first(directory):
+    assert MPI.Is_initialized() and not MPI.Is_finalized()
+    checked, total = check_alongside_mpi4py(directory, MPI.COMM_WORLD)
+    ferry.distributed.shutdown()  # (also at exit) leaves an MPI that mpi4py initialised alone
+    assert not MPI.Is_finalized()
+    MPI.COMM_WORLD.Barrier()
+    print(f"rank {ferry.process_index()} ok: mpi4py first, {checked} of {total} shards, "
+          f"thread level {MPI.Query_thread()}", flush=True)
+
+
+def case_mpi4py_after(directory):
+    # ferry initialised MPI (in __main__); mpi4py imported now joins it and leaves finalizing to
+    # ferry at exit.
+    from mpi4py import MPI
+
+    assert MPI.Is_initialized()
+    checked, total = check_alongside_mpi4py(directory, MPI.COMM_WORLD)
+    print(f"rank {ferry.process_index()} ok: mpi4py after ferry, {checked} of {total} shards",
+          flush=True)
 
 
 def case_cannot_open(directory):

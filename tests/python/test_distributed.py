@@ -48,6 +48,21 @@ def test_spmd_resolve_and_commit_with_local_shards_across_processes(tmp_path, re
     assert "rank 0 ok: 40 commits" in result.stdout and "rank 1 ok: 40 commits" in result.stdout
 
 
+@pytest.mark.parametrize("order", ["mpi4py_first", "mpi4py_after"])
+def test_ferry_and_mpi4py_share_one_mpi_job(tmp_path, order):
+    # mpi4py_first: the program imports mpi4py (MPI initialised there), then ferry joins that MPI,
+    # loads sharded, and mpi4py's communicator works afterwards; ferry does not finalize an MPI it
+    # did not initialise (mpi4py does, at exit). mpi4py_after: ferry initialises, mpi4py joins, ferry
+    # finalizes at exit. Either way: one MPI_Init, one MPI_Finalize, exit 0 on every rank.
+    pytest.importorskip("mpi4py", reason="mpi4py is not installed (scripts/python_env.sh builds it)")
+    result, _ = mpiexec(2, order, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        assert f"rank {rank} ok: mpi4py" in result.stdout, result.stdout + result.stderr
+    assert "Fatal error" not in result.stderr and "BAD TERMINATION" not in result.stdout, \
+        result.stdout + result.stderr
+
+
 def test_a_rank_that_cannot_open_the_file_fails_every_rank_with_the_same_error(tmp_path):
     result, _ = mpiexec(2, "cannot_open", tmp_path)
     assert result.returncode != 0
