@@ -11,6 +11,8 @@
 //   catches it instead (unless the program installed a handler of its own) and fails the pending
 //   and later collectives with a clear error;
 // - a peer on this machine whose pid no longer runs (checked every 100 ms while waiting).
+// Both are also checked before a collective starts: a peer known to be gone fails the next
+// collective without any MPI call (MPI would wait for it, or fail on its dead connection).
 #include "src/distributed/mpi_process_group.h"
 
 #include <dlfcn.h>
@@ -102,7 +104,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   Status Barrier(std::string_view step) override {
     MutexLock lock(mutex_);
-    FERRY_RETURN_IF_ERROR(broken_);
+    FERRY_RETURN_IF_ERROR(CheckPeersBeforeStarting(step));
     MPI_Request request;
     FERRY_RETURN_IF_ERROR(Check(MPI_Ibarrier(comm_, &request), step));
     return Wait(&request, step);
@@ -111,7 +113,7 @@ class MpiProcessGroup final : public ProcessGroup {
   StatusOr<std::vector<std::string>> AllGather(std::string_view local,
                                                std::string_view step) override {
     MutexLock lock(mutex_);
-    FERRY_RETURN_IF_ERROR(broken_);
+    FERRY_RETURN_IF_ERROR(CheckPeersBeforeStarting(step));
     const int64_t local_size = static_cast<int64_t>(local.size());
     std::vector<int64_t> sizes(static_cast<size_t>(size_));
     MPI_Request request;
@@ -198,6 +200,39 @@ class MpiProcessGroup final : public ProcessGroup {
     return dead;
   }
 
+  // An error (and the group broken) when a peer is known to be gone: mpiexec said so (SIGUSR1), or,
+  // with `check_pids`, a peer of this machine no longer runs.
+  Status CheckPeers(std::string_view step, bool check_pids) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (peer_failure_signalled.load()) {
+      broken_ = UnavailableError(fmt::format(
+          "rank {} of {}: mpiexec reported that another process of the job ended (SIGUSR1) "
+          "while this rank waited in {}; no rank can go on",
+          rank_, size_, step));
+      return broken_;
+    }
+    if (!check_pids) return OkStatus();
+    if (std::vector<int> dead = DeadPeers(); !dead.empty()) {
+      std::vector<std::string> names;
+      for (int rank : dead) {
+        names.push_back(
+            fmt::format("rank {} (pid {})", rank, peers_[static_cast<size_t>(rank)].pid));
+      }
+      broken_ = UnavailableError(
+          fmt::format("rank {} of {}: {} ended while this rank waited for it in {}; no rank "
+                      "can go on",
+                      rank_, size_, fmt::join(names, ", "), step));
+      return broken_;
+    }
+    return OkStatus();
+  }
+
+  // Before a collective starts: a peer already known to be gone fails it at once, without calling
+  // MPI, which would wait for that peer (or end this process on its dead connection).
+  Status CheckPeersBeforeStarting(std::string_view step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    FERRY_RETURN_IF_ERROR(broken_);
+    return CheckPeers(step, /*check_pids=*/true);
+  }
+
   Status Wait(MPI_Request* request, std::string_view step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     using Clock = std::chrono::steady_clock;
     const double timeout = CollectiveTimeoutSeconds();
@@ -209,28 +244,9 @@ class MpiProcessGroup final : public ProcessGroup {
       FERRY_RETURN_IF_ERROR(Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), step));
       if (done) return OkStatus();
       const auto now = Clock::now();
-      if (peer_failure_signalled.load()) {
-        broken_ = UnavailableError(fmt::format(
-            "rank {} of {}: mpiexec reported that another process of the job ended (SIGUSR1) "
-            "while this rank waited in {}; no rank can go on",
-            rank_, size_, step));
-        return broken_;
-      }
-      if (now >= next_peer_check) {
-        next_peer_check = now + std::chrono::milliseconds(100);
-        if (std::vector<int> dead = DeadPeers(); !dead.empty()) {
-          std::vector<std::string> names;
-          for (int rank : dead) {
-            names.push_back(
-                fmt::format("rank {} (pid {})", rank, peers_[static_cast<size_t>(rank)].pid));
-          }
-          broken_ = UnavailableError(
-              fmt::format("rank {} of {}: {} ended while this rank waited for it in {}; no rank "
-                          "can go on",
-                          rank_, size_, fmt::join(names, ", "), step));
-          return broken_;
-        }
-      }
+      const bool check_pids = now >= next_peer_check;
+      if (check_pids) next_peer_check = now + std::chrono::milliseconds(100);
+      FERRY_RETURN_IF_ERROR(CheckPeers(step, check_pids));
       const double waited = std::chrono::duration<double>(now - start).count();
       if (waited > timeout) {
         broken_ = absl::DeadlineExceededError(

@@ -267,6 +267,41 @@ def case_killed(directory):
     print(f"rank {me}: no error", flush=True)
 
 
+def process_ended(pid):
+    """True when `pid` no longer runs: gone, or a zombie its parent has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def case_dead_before_collective(directory):
+    """Rank 1 exits (no MPI_Finalize) right after a barrier; the others wait until its process has
+    ended, then start a collective: ferry must fail it at once on every survivor, without calling
+    MPI (which would wait for the dead rank)."""
+    me = ferry.process_index()
+    with open(os.path.join(directory, f"pid_{me}"), "w") as f:
+        f.write(str(os.getpid()))
+    ferry._ferry._barrier("everyone started")
+    if me == 1:
+        os._exit(1)
+    with open(os.path.join(directory, "pid_1")) as f:
+        dead = int(f.read())
+    deadline = time.monotonic() + 30
+    while not process_ended(dead):
+        if time.monotonic() > deadline:
+            print(f"rank {me}: rank 1 (pid {dead}) still runs after 30 s", flush=True)
+            sys.exit(4)
+        time.sleep(0.01)
+    try:
+        ferry._ferry._barrier("after the death")
+    except ferry.Error as error:
+        print(f"rank {me} error: {error}", flush=True)
+        sys.exit(3)
+    print(f"rank {me}: no error", flush=True)
+
+
 if __name__ == "__main__":
     ferry.distributed.initialize()
     globals()["case_" + sys.argv[1]](sys.argv[2])

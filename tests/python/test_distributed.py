@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -101,12 +102,31 @@ def test_a_rank_that_dies_gives_every_survivor_a_clear_error(tmp_path):
     assert result.returncode != 0
     assert "no error" not in result.stdout, result.stdout
     survivors = [line for line in result.stdout.splitlines() if " error: " in line]
-    # Both survivors reported in every run looked at; the stricter form of this check failed once
-    # in a full run on a loaded machine, output not kept (MPICH's launcher can end a survivor
-    # itself, see docs/distributed.md), so it asks for at least one clear report.
-    assert survivors and {line.split()[1] for line in survivors} <= {"0", "2"}, \
-        result.stdout + result.stderr
+    # Both survivors reported in every run looked at (19 of 19 runs of this case beside CPU hogs
+    # and a build); the stricter form of this check failed once in a full run on a loaded machine,
+    # output not kept (a survivor that is inside MPI when the peer dies depends on MPICH: its
+    # launcher can end it). So it asks for at least one clear report, and keeps the output of a
+    # run where a survivor said nothing; test_a_rank_dead_before_a_collective_... asks for both.
+    reporters = {line.split()[1] for line in survivors}
+    assert survivors and reporters <= {"0", "2"}, result.stdout + result.stderr
     assert all("ended" in line and "no rank can go on" in line for line in survivors), survivors
+    if reporters != {"0", "2"}:
+        warnings.warn("a survivor of a dead rank did not report; its job's output:\n"
+                      + result.stdout + result.stderr)
+
+
+def test_a_rank_dead_before_a_collective_fails_it_on_every_survivor(tmp_path):
+    # Rank 1 exits after a barrier; ranks 0 and 2 wait until its process has ended, then start a
+    # barrier. ferry checks for a dead peer before it calls MPI, so no survivor is inside MPI when
+    # the failure is found: both report, every time. The collective deadline (300 s) is far
+    # beyond the job's timeout (60 s).
+    result, _ = mpiexec(3, "dead_before_collective", tmp_path, "-disable-auto-cleanup",
+                        timeout=60, collective_timeout=300)
+    assert result.returncode != 0
+    reports = error_reports(result.stdout)
+    assert sorted(reports) == [0, 2], result.stdout + result.stderr
+    assert all("ended" in message and "no rank can go on" in message
+               for message in reports.values()), reports
 
 
 def test_a_killed_rank_ends_the_job_with_an_error_and_no_hang(tmp_path):
