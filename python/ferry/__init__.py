@@ -73,6 +73,8 @@ __all__ = [
     "open_file",
     "reset_metrics",
     "save_file",
+    "set_setting",
+    "settings",
     "shard_along",
 ]
 
@@ -1010,7 +1012,11 @@ def save_file(
 
 
 def metrics() -> dict[str, float]:
-    """Counters by name; value metrics as NAME.count and NAME.sum."""
+    """Counters and gauges by name; value metrics as NAME.count and NAME.sum.
+
+    The gauges ``HostMemoryCacheBytes`` and ``HostMemoryCacheLimitBytes`` say how much freed host
+    memory ferry keeps for reuse, and the most it may keep (``FERRY_HOST_MEMORY_CACHE_BYTES``).
+    """
     return _ferry.metrics()
 
 
@@ -1020,8 +1026,34 @@ def metrics_report() -> str:
 
 
 def reset_metrics() -> None:
-    """Sets every counter and value metric back to zero."""
+    """Sets every counter and value metric back to zero (gauges keep their levels)."""
     _ferry.reset_metrics()
+
+
+def settings() -> dict[str, dict[str, str | None]]:
+    """Every setting ferry reads from the environment, by variable name (docs/settings.md).
+
+    Each entry has ``value`` (the text in effect, ``None`` when the default applies), ``source``
+    (``"override"`` from :func:`set_setting`, ``"environment"`` or ``"default"``), ``default``,
+    ``kind`` (what a value must be), ``scope`` (``"process"``, ``"client"``: read when a backend
+    starts, or ``"plugin"``: read by ``ferry_pjrt_plugin.so`` from the environment),
+    ``client_option`` and ``meaning``.
+    """
+    return {row["name"]: {k: v for k, v in row.items() if k != "name"} for row in _ferry.settings()}
+
+
+def set_setting(name: str, value: str | int | float | None) -> None:
+    """Overrides the environment variable ``name`` for this process; ``None`` removes the override.
+
+    The value is checked at once: a bad one raises :class:`InvalidArgumentError` naming the
+    variable, an unknown name :class:`NotFoundError`. An empty string makes the setting unset (its
+    default applies) whatever the environment says. A client's settings apply to backends started
+    afterwards; ``FERRY_HOST_MEMORY_CACHE_BYTES`` and ``FERRY_CONVERT_KERNELS`` apply at once.
+    """
+    if value is None:
+        _ferry.clear_setting(name)
+    else:
+        _ferry.set_setting(name, str(value))
 
 
 ALIGNMENT = 64

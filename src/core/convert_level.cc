@@ -2,11 +2,15 @@
 // level FERRY_CONVERT_KERNELS allows. GetConvertKernel (convert.cc) picks the kernels.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
-#include <cstdlib>
+#include <optional>
 #include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "ferry/core/convert.h"
+#include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "ferry/core/status.h"
 #include "fmt/format.h"
 
@@ -70,19 +74,51 @@ ConvertKernelLevel BestConvertKernelLevel() {
   return best;
 }
 
+namespace {
+
+// BestConvertKernelLevel() capped by FERRY_CONVERT_KERNELS.
+StatusOr<ConvertKernelLevel> ReadActiveLevel() {
+  const ConvertKernelLevel best = BestConvertKernelLevel();
+  FERRY_ASSIGN_OR_RETURN(const std::optional<ConvertKernelLevel> cap, settings::ConvertKernels());
+  if (!cap.has_value()) return best;
+  return std::min(best, *cap);
+}
+
+// The level read at a SettingsGeneration(); read again when that changes. The hot path (every
+// kernel lookup) is two atomic loads.
+struct ActiveLevel {
+  static constexpr int kNone = -1;
+  std::atomic<uint64_t> generation{0};
+  std::atomic<int> level{kNone};  // kNone: not read yet, or the setting is bad
+  Mutex mutex;
+  Status error ABSL_GUARDED_BY(mutex);
+};
+
+}  // namespace
+
 StatusOr<ConvertKernelLevel> ActiveConvertKernelLevel() {
-  static const StatusOr<ConvertKernelLevel> active = []() -> StatusOr<ConvertKernelLevel> {
-    const ConvertKernelLevel best = BestConvertKernelLevel();
-    const char* env = std::getenv("FERRY_CONVERT_KERNELS");
-    if (env == nullptr || *env == '\0') return best;  // unset or empty: no cap
-    StatusOr<ConvertKernelLevel> cap = ConvertKernelLevelFromName(env);
-    if (!cap.ok()) {
-      return InvalidArgumentError(
-          fmt::format("FERRY_CONVERT_KERNELS must be portable, avx2 or avx512, got '{}'", env));
-    }
-    return std::min(best, *cap);
-  }();
-  return active;
+  static auto* const active = new ActiveLevel();
+  const uint64_t generation = SettingsGeneration();
+  if (active->generation.load(std::memory_order_acquire) == generation) {
+    const int level = active->level.load(std::memory_order_acquire);
+    if (level != ActiveLevel::kNone) return static_cast<ConvertKernelLevel>(level);
+  }
+  MutexLock lock(active->mutex);
+  const uint64_t current = SettingsGeneration();
+  const int known = active->level.load(std::memory_order_acquire);
+  if (active->generation.load(std::memory_order_acquire) == current && !active->error.ok()) {
+    return active->error;
+  }
+  if (active->generation.load(std::memory_order_acquire) == current &&
+      known != ActiveLevel::kNone) {
+    return static_cast<ConvertKernelLevel>(known);
+  }
+  StatusOr<ConvertKernelLevel> level = ReadActiveLevel();
+  active->error = level.status();
+  active->level.store(level.ok() ? static_cast<int>(*level) : ActiveLevel::kNone,
+                      std::memory_order_release);
+  active->generation.store(current, std::memory_order_release);
+  return level;
 }
 
 }  // namespace ferry

@@ -8,8 +8,10 @@
 // again. Tensors come in few sizes (the layers of a model, the batches of a data loader), so
 // repeated transfers hit the cache.
 //
-// Bounded: at most `limit_bytes` are kept; the oldest entries are released first to make room,
-// and an allocation that fails for want of memory should empty the cache (`ReleaseAll`) and retry.
+// Bounded: at most `limit_bytes` are kept (SetLimit changes it, releasing the oldest entries when
+// it shrinks); the oldest entries are released first to make room, and an allocation that fails
+// for want of memory should empty the cache (`ReleaseAll`) and retry. Optional gauges follow what
+// it holds and its limit (the metrics report shows them).
 // Cached memory belongs to no tensor: it is not counted in a device's bytes_in_use. `Close` (the
 // client's destructor) releases everything and turns the cache into a pass-through, so memory of
 // buffers that outlive their client is released when they die.
@@ -31,6 +33,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
 
 namespace ferry {
@@ -39,12 +42,20 @@ template <typename Handle>
 class FreedMemoryCache {
  public:
   // `release` frees one handle for good. Entries smaller than `min_cached_bytes` are never cached
-  // (the allocator already serves small sizes well).
+  // (the allocator already serves small sizes well). `cached_gauge` and `limit_gauge`, when not
+  // null, are set to the bytes held and the limit whenever they change (a gauge per cache: each
+  // Set replaces the value).
   FreedMemoryCache(int64_t limit_bytes, int64_t min_cached_bytes,
-                   std::function<void(Handle)> release)
-      : limit_bytes_(limit_bytes),
-        min_cached_bytes_(min_cached_bytes),
-        release_(std::move(release)) {}
+                   std::function<void(Handle)> release, Gauge* cached_gauge = nullptr,
+                   Gauge* limit_gauge = nullptr)
+      : min_cached_bytes_(min_cached_bytes),
+        release_(std::move(release)),
+        cached_gauge_(cached_gauge),
+        limit_gauge_(limit_gauge),
+        limit_bytes_(limit_bytes) {
+    if (limit_gauge_ != nullptr) limit_gauge_->Set(limit_bytes);
+    if (cached_gauge_ != nullptr) cached_gauge_->Set(0);
+  }
   ~FreedMemoryCache() { ReleaseAll(); }
   FreedMemoryCache(const FreedMemoryCache&) = delete;
   FreedMemoryCache& operator=(const FreedMemoryCache&) = delete;
@@ -61,6 +72,7 @@ class FreedMemoryCache {
     Handle handle = std::move(newest->handle);
     cached_bytes_ -= size_bytes;
     by_age_.erase(newest);
+    UpdateCachedGauge();
     return handle;
   }
 
@@ -74,6 +86,7 @@ class FreedMemoryCache {
         by_age_.push_back({std::move(handle), size_bytes});
         by_size_[size_bytes].push_back(std::prev(by_age_.end()));
         cached_bytes_ += size_bytes;
+        UpdateCachedGauge();
       } else {
         evicted.push_back({std::move(handle), size_bytes});
       }
@@ -89,6 +102,7 @@ class FreedMemoryCache {
       evicted.swap(by_age_);
       by_size_.clear();
       cached_bytes_ = 0;
+      UpdateCachedGauge();
     }
     Release(evicted);
     return !evicted.empty();
@@ -103,7 +117,23 @@ class FreedMemoryCache {
     ReleaseAll();
   }
 
-  int64_t limit_bytes() const { return limit_bytes_; }
+  // Keeps at most `limit_bytes` from now on, releasing the oldest entries beyond it.
+  void SetLimit(int64_t limit_bytes) {
+    std::list<Entry> evicted;
+    {
+      MutexLock lock(mutex_);
+      limit_bytes_ = limit_bytes;
+      while (cached_bytes_ > limit_bytes_) EvictOldest(evicted);
+      UpdateCachedGauge();
+      if (limit_gauge_ != nullptr) limit_gauge_->Set(limit_bytes_);
+    }
+    Release(evicted);
+  }
+
+  int64_t limit_bytes() const {
+    MutexLock lock(mutex_);
+    return limit_bytes_;
+  }
   int64_t cached_bytes() const {
     MutexLock lock(mutex_);
     return cached_bytes_;
@@ -126,14 +156,20 @@ class FreedMemoryCache {
     evicted.splice(evicted.end(), by_age_, by_age_.begin());
   }
 
+  void UpdateCachedGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (cached_gauge_ != nullptr) cached_gauge_->Set(cached_bytes_);
+  }
+
   void Release(std::list<Entry>& entries) const {
     for (Entry& entry : entries) release_(std::move(entry.handle));
   }
 
-  const int64_t limit_bytes_;
   const int64_t min_cached_bytes_;
   const std::function<void(Handle)> release_;
+  Gauge* const cached_gauge_;
+  Gauge* const limit_gauge_;
   mutable Mutex mutex_;
+  int64_t limit_bytes_ ABSL_GUARDED_BY(mutex_);
   std::list<Entry> by_age_ ABSL_GUARDED_BY(mutex_);  // oldest first
   // Per size, the entries of by_age_ of that size, oldest first.
   absl::flat_hash_map<int64_t, std::deque<typename std::list<Entry>::iterator>> by_size_

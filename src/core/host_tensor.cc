@@ -3,14 +3,18 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <optional>
 
-#include "absl/strings/numbers.h"
+#include "ferry/core/metrics.h"
+#include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/core/freed_memory_cache.h"
+#include "src/core/host_memory_cache.h"
 
 namespace ferry {
 
@@ -21,30 +25,13 @@ namespace {
 // 16384-tensor put of 4 KiB tensors was in it), and large ones cost first-touch page faults.
 constexpr int64_t kMinCachedBytes = int64_t{1} << 10;
 
-// GCC says __SANITIZE_ADDRESS__, clang __has_feature(address_sanitizer).
-#if defined(__SANITIZE_ADDRESS__)
-#define FERRY_ADDRESS_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define FERRY_ADDRESS_SANITIZER 1
-#endif
-#endif
-#if defined(FERRY_ADDRESS_SANITIZER)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
-// Off under AddressSanitizer, so that a use after free of a cached block stays detectable.
-constexpr int64_t kDefaultCacheLimitBytes = kAddressSanitizer ? 0 : int64_t{1} << 30;
-
-int64_t CacheLimitFromEnvironment() {
-  const char* env = std::getenv("FERRY_HOST_MEMORY_CACHE_BYTES");
-  int64_t limit = 0;
-  if (env == nullptr || !absl::SimpleAtoi(env, &limit) || limit < 0) {
-    return kDefaultCacheLimitBytes;
-  }
-  return limit;
+// FERRY_HOST_MEMORY_CACHE_BYTES, or 0 (cache nothing) while its value is bad: the error is
+// reported by HostMemoryCacheSettingStatus (HostTensor::Allocate, CreateClient), never replaced
+// by the default.
+int64_t CacheLimitFromSettings(Status& status) {
+  StatusOr<int64_t> limit = settings::HostMemoryCacheBytes();
+  status = limit.status();
+  return limit.ok() ? *limit : 0;
 }
 
 std::byte* AllocateFromSystem(int64_t size_bytes) {
@@ -60,12 +47,53 @@ std::byte* AllocateFromSystem(int64_t size_bytes) {
   return static_cast<std::byte*>(memory);
 }
 
-// Never destroyed: blocks freed during static destruction still find it.
-FreedMemoryCache<std::byte*>& Cache() {
-  static auto* const cache = new FreedMemoryCache<std::byte*>(
-      CacheLimitFromEnvironment(), kMinCachedBytes, [](std::byte* memory) { std::free(memory); });
-  return *cache;
+// The cache and what its limit was read from. Never destroyed: blocks freed during static
+// destruction still find it.
+struct HostCache {
+  FreedMemoryCache<std::byte*> cache;
+  // The SettingsGeneration() the limit was read at; the limit is read again when it changes.
+  std::atomic<uint64_t> settings_generation;
+  std::atomic<bool> setting_bad{false};
+  Mutex refresh_mutex;
+  Status setting_status ABSL_GUARDED_BY(refresh_mutex);
+
+  HostCache(uint64_t generation, int64_t limit_bytes, Status status)
+      : cache(
+            limit_bytes, kMinCachedBytes, [](std::byte* memory) { std::free(memory); },
+            metrics::HostMemoryCacheBytes(), metrics::HostMemoryCacheLimitBytes()),
+        settings_generation(generation),
+        setting_bad(!status.ok()),
+        setting_status(std::move(status)) {}
+
+  // Reads the limit again after SetSetting or ClearSetting. Serialised, so that the last reader
+  // applies the latest value.
+  void Refresh() {
+    MutexLock lock(refresh_mutex);
+    const uint64_t generation = SettingsGeneration();
+    if (generation == settings_generation.load(std::memory_order_acquire)) return;
+    Status status;
+    const int64_t limit = CacheLimitFromSettings(status);
+    cache.SetLimit(limit);
+    setting_bad.store(!status.ok(), std::memory_order_release);
+    setting_status = std::move(status);
+    settings_generation.store(generation, std::memory_order_release);
+  }
+};
+
+HostCache& GetHostCache() {
+  static HostCache* const host_cache = [] {
+    const uint64_t generation = SettingsGeneration();
+    Status status;
+    const int64_t limit = CacheLimitFromSettings(status);
+    return new HostCache(generation, limit, std::move(status));
+  }();
+  if (SettingsGeneration() != host_cache->settings_generation.load(std::memory_order_acquire)) {
+    host_cache->Refresh();
+  }
+  return *host_cache;
 }
+
+FreedMemoryCache<std::byte*>& Cache() { return GetHostCache().cache; }
 
 }  // namespace
 
@@ -87,7 +115,19 @@ int64_t CachedHostMemoryBytes() { return Cache().cached_bytes(); }
 int64_t HostMemoryCacheLimitBytes() { return Cache().limit_bytes(); }
 void ReleaseCachedHostMemory() { Cache().ReleaseAll(); }
 
+namespace internal {
+void ApplyHostMemoryCacheSetting() { GetHostCache(); }  // refreshes when the generation moved
+}  // namespace internal
+
+Status HostMemoryCacheSettingStatus() {
+  HostCache& host_cache = GetHostCache();
+  if (!host_cache.setting_bad.load(std::memory_order_acquire)) return OkStatus();
+  MutexLock lock(host_cache.refresh_mutex);
+  return host_cache.setting_status;
+}
+
 StatusOr<HostTensor> HostTensor::Allocate(DType dtype, absl::Span<const int64_t> dims) {
+  FERRY_RETURN_IF_ERROR(HostMemoryCacheSettingStatus());
   FERRY_ASSIGN_OR_RETURN(int64_t count, CheckedNumElements(dims));
   int64_t size_bytes;
   if (__builtin_mul_overflow(count, DTypeSize(dtype), &size_bytes)) {

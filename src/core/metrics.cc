@@ -21,6 +21,7 @@ struct Registry {
   // by string_view without building a string.
   std::map<std::string, std::unique_ptr<Counter>, std::less<>> counters ABSL_GUARDED_BY(mutex);
   std::map<std::string, std::unique_ptr<Metric>, std::less<>> metrics ABSL_GUARDED_BY(mutex);
+  std::map<std::string, std::unique_ptr<Gauge>, std::less<>> gauges ABSL_GUARDED_BY(mutex);
   // ValueRate divides by the time since this point: registry creation, or the last ResetMetrics.
   std::chrono::steady_clock::time_point rate_epoch ABSL_GUARDED_BY(mutex) =
       std::chrono::steady_clock::now();
@@ -143,6 +144,17 @@ Metric* GetMetric(std::string_view name, MetricUnit unit) {
   return it->second.get();
 }
 
+// A name asked for again with another unit keeps the unit it was created with.
+Gauge* GetGauge(std::string_view name, MetricUnit unit) {
+  Registry& registry = GetRegistry();
+  MutexLock lock(registry.mutex);
+  auto it = registry.gauges.find(name);
+  if (it == registry.gauges.end()) {
+    it = registry.gauges.emplace(std::string(name), std::make_unique<Gauge>(unit)).first;
+  }
+  return it->second.get();
+}
+
 std::string MetricsReport() {
   Registry& registry = GetRegistry();
   MutexLock lock(registry.mutex);
@@ -175,6 +187,12 @@ std::string MetricsReport() {
     absl::StrAppend(&report, "Counter: ", name, "\n");
     absl::StrAppend(&report, "  Value: ", value, "\n");
   }
+  for (const auto& [name, gauge] : registry.gauges) {
+    absl::StrAppend(&report, "Gauge: ", name, "\n");
+    absl::StrAppend(&report,
+                    "  Value: ", FormatValue(static_cast<double>(gauge->Value()), gauge->unit()),
+                    "\n");
+  }
   return report;
 }
 
@@ -188,6 +206,9 @@ std::map<std::string, double> MetricsSnapshot() {
   for (const auto& [name, metric] : registry.metrics) {
     snapshot[name + ".count"] = static_cast<double>(metric->TotalSamples());
     snapshot[name + ".sum"] = metric->Accumulator();
+  }
+  for (const auto& [name, gauge] : registry.gauges) {
+    snapshot[name] = static_cast<double>(gauge->Value());
   }
   return snapshot;
 }
@@ -227,6 +248,16 @@ FERRY_DEFINE_COUNTER(ZeroCopyFallbacks)
 FERRY_DEFINE_COUNTER(ReplicaDeviceCopies)
 FERRY_DEFINE_COUNTER(StagingBytes)
 
+#define FERRY_DEFINE_GAUGE(Name, unit)                             \
+  Gauge* Name() {                                                  \
+    static Gauge* const gauge = GetGauge(#Name, MetricUnit::unit); \
+    return gauge;                                                  \
+  }
+
+FERRY_DEFINE_GAUGE(HostMemoryCacheBytes, kBytes)
+FERRY_DEFINE_GAUGE(HostMemoryCacheLimitBytes, kBytes)
+
+#undef FERRY_DEFINE_GAUGE
 #undef FERRY_DEFINE_COUNTER
 #undef FERRY_DEFINE_METRIC
 

@@ -5,6 +5,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -69,6 +70,8 @@ StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
     }
     factory = it->second;
   }
+  // Every setting, not only this backend's: a bad value anywhere is reported by the first client.
+  FERRY_RETURN_IF_ERROR(CheckSettings());
   return factory(options);
 }
 

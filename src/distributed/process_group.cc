@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/distributed/mpi_process_group.h"
@@ -58,10 +59,9 @@ std::unique_ptr<ProcessGroup> MakeSingleProcessGroup() {
 }
 
 double CollectiveTimeoutSeconds() {
-  const char* text = std::getenv("FERRY_DISTRIBUTED_TIMEOUT_S");
-  double seconds = 0;
-  if (text != nullptr && absl::SimpleAtod(text, &seconds) && seconds > 0) return seconds;
-  return 300;
+  // A bad value was refused by Initialize, which every multi-process group comes from; the
+  // default stands in only for a value that went bad since (the environment changed under us).
+  return settings::DistributedTimeoutSeconds().value_or(300);
 }
 
 bool StartedByMpiLauncher() {
@@ -77,6 +77,7 @@ StatusOr<ProcessGroup*> Initialize() {
   CurrentGroup& current = Current();
   MutexLock lock(current.mutex);
   if (current.initialized) return current.group.get();
+  FERRY_RETURN_IF_ERROR(CheckSettings());
   if (StartedByMpiLauncher()) {
     if (!HaveMpi()) {
       return UnavailableError(

@@ -3,13 +3,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
 
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/plugin/device_to_host.h"
@@ -31,12 +32,8 @@ std::string OwnPath() {
 }
 
 StatusOr<std::string> WrappedPluginPath() {
-  std::string path;
-  if (const char* env = std::getenv("FERRY_PJRT_WRAPPED_PLUGIN"); env != nullptr && *env != '\0') {
-    FERRY_ASSIGN_OR_RETURN(path, pjrt::FindPjrtPlugin(env));
-  } else {
-    FERRY_ASSIGN_OR_RETURN(path, pjrt::FindPjrtPlugin(""));
-  }
+  const std::optional<std::string> wrapped = settings::PjrtWrappedPlugin();
+  FERRY_ASSIGN_OR_RETURN(const std::string path, pjrt::FindPjrtPlugin(wrapped.value_or("")));
   std::error_code error;
   const std::string own = OwnPath();
   if (!own.empty() && fs::equivalent(fs::path(path), fs::path(own), error)) {

@@ -23,6 +23,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "ferry/device/registry.h"
 #include "ferry/distributed/global_devices.h"
 #include "ferry/io/mapped_file.h"
@@ -956,6 +957,36 @@ NB_MODULE(_ferry, m) {
   m.def("metrics", [] { return MetricsSnapshot(); });
   m.def("metrics_report", [] { return MetricsReport(); });
   m.def("reset_metrics", [] { ResetMetrics(); });
+  m.def("set_setting", [](const std::string& name, const std::string& value) {
+    ThrowIfError(SetSetting(name, value));
+  });
+  m.def("clear_setting", [](const std::string& name) { ThrowIfError(ClearSetting(name)); });
+  // One dict per row of the table, with the value in effect now.
+  m.def("settings", [] {
+    nb::list rows;
+    for (const SettingInfo& setting : AllSettings()) {
+      const SettingValue value = ValueOrThrow(CurrentSettingValue(setting.name));
+      nb::dict row;
+      row["name"] = std::string(setting.name);
+      row["scope"] = setting.scope == SettingScope::kProcess  ? "process"
+                     : setting.scope == SettingScope::kClient ? "client"
+                                                              : "plugin";
+      row["kind"] = std::string(setting.value_kind);
+      row["default"] = std::string(setting.default_value);
+      row["client_option"] = std::string(setting.client_option);
+      row["meaning"] = std::string(setting.meaning);
+      if (value.text.has_value()) {
+        row["value"] = *value.text;
+      } else {
+        row["value"] = nb::none();
+      }
+      row["source"] = value.source == SettingSource::kOverride      ? "override"
+                      : value.source == SettingSource::kEnvironment ? "environment"
+                                                                    : "default";
+      rows.append(row);
+    }
+    return rows;
+  });
 
   m.def("_set_release_gil", &SetReleaseGil);
   m.def("_set_deferred_release", &SetDeferredRelease);

@@ -194,5 +194,24 @@ TEST(MetricsTest, scoped_timer_adds_one_sample) {
   EXPECT_GE(metric->Accumulator(), 0);
 }
 
+// A gauge is a level: reported whatever its value (zero too), by name in the snapshot, and left
+// alone by ResetMetrics.
+TEST(MetricsTest, gauges_are_reported_as_levels_and_survive_a_reset) {
+  Gauge* bytes = GetGauge("MetricsTest.GaugeBytes", MetricUnit::kBytes);
+  Gauge* zero = GetGauge("MetricsTest.GaugeZero", MetricUnit::kCount);
+  EXPECT_EQ(GetGauge("MetricsTest.GaugeBytes", MetricUnit::kCount), bytes);  // same one
+  bytes->Set(3 << 20);
+  bytes->Add(-(1 << 20));
+  EXPECT_EQ(bytes->Value(), 2 << 20);
+  std::string report = MetricsReport();
+  EXPECT_THAT(report, HasSubstr("Gauge: MetricsTest.GaugeBytes\n  Value: 2.00MB\n"));
+  EXPECT_THAT(report, HasSubstr("Gauge: MetricsTest.GaugeZero\n  Value: 0\n"));
+  EXPECT_EQ(MetricsSnapshot().at("MetricsTest.GaugeBytes"), 2 << 20);
+  zero->Set(7);
+  ResetMetrics();
+  EXPECT_EQ(bytes->Value(), 2 << 20);
+  EXPECT_EQ(MetricsSnapshot().at("MetricsTest.GaugeZero"), 7);
+}
+
 }  // namespace
 }  // namespace ferry

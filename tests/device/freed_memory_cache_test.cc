@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "ferry/core/host_tensor.h"
+#include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -51,6 +52,33 @@ TEST(FreedMemoryCacheTest, EvictsTheOldestToStayWithinTheLimit) {
   cache.Give(5, 301);  // larger than the whole cache: released at once
   EXPECT_THAT(recorder.released, ElementsAre(1, 2, 5));
   EXPECT_EQ(cache.Take(150), 4);
+}
+
+// SetLimit: a smaller limit releases the oldest entries at once; the gauges follow both numbers.
+TEST(FreedMemoryCacheTest, SetLimitReleasesTheOldestAndTheGaugesFollow) {
+  std::vector<int> released;
+  Gauge cached(MetricUnit::kBytes), limit(MetricUnit::kBytes);
+  FreedMemoryCache<int> cache(
+      1000, 0, [&released](int handle) { released.push_back(handle); }, &cached, &limit);
+  EXPECT_EQ(limit.Value(), 1000);
+  cache.Give(1, 100);
+  cache.Give(2, 200);
+  cache.Give(3, 300);
+  EXPECT_EQ(cached.Value(), 600);
+  cache.SetLimit(350);  // 1 and 2 go (oldest first); 3 stays
+  EXPECT_THAT(released, ElementsAre(1, 2));
+  EXPECT_EQ(cache.limit_bytes(), 350);
+  EXPECT_EQ(limit.Value(), 350);
+  EXPECT_EQ(cached.Value(), 300);
+  cache.Give(4, 400);  // over the new limit: released at once
+  EXPECT_THAT(released, ElementsAre(1, 2, 4));
+  EXPECT_EQ(cache.Take(300), 3);
+  EXPECT_EQ(cached.Value(), 0);
+  cache.SetLimit(2000);
+  cache.Give(5, 1500);
+  EXPECT_EQ(cached.Value(), 1500);
+  cache.ReleaseAll();
+  EXPECT_EQ(cached.Value(), 0);
 }
 
 // Eviction goes by age across sizes while Take goes by size: the two orders must stay in step

@@ -59,10 +59,11 @@ StatusOr<ConvertKernelLevel> ConvertKernelLevelFromName(std::string_view name);
 ConvertKernelLevel BestConvertKernelLevel();
 
 // The level GetConvertKernel(from, to) uses: BestConvertKernelLevel(), lowered to the level named
-// by the environment variable FERRY_CONVERT_KERNELS (portable, avx2 or avx512) when it is set,
-// not empty, and lower. A level the CPU lacks is never used: FERRY_CONVERT_KERNELS=avx512 on an
-// AVX2 machine means avx2. The variable is read once, on the first call; any other value is
-// InvalidArgument, then and on every later call.
+// by the setting FERRY_CONVERT_KERNELS (portable, avx2 or avx512; ferry/core/settings.h) when it
+// is set, not empty, and lower. A level the CPU lacks is never used: FERRY_CONVERT_KERNELS=avx512
+// on an AVX2 machine means avx2. The setting is read on the first call and again after each
+// SetSetting or ClearSetting; any other value is InvalidArgument naming the variable, on every
+// call until it is changed.
 StatusOr<ConvertKernelLevel> ActiveConvertKernelLevel();
 
 // The kernel converting `from` to `to`, or the error of CheckConvertible(from, to), or the error

@@ -21,9 +21,10 @@ inline constexpr size_t kHostAlignment = 64;
 // exactly the same size (src/core/freed_memory_cache.h says why: fresh memory costs a zeroing
 // page fault per page on first touch, about the price of the copy itself; and glibc's aligned
 // allocation of thousands of small blocks, one per tensor of a batch, costs more than their copy).
-// The cache holds at most FERRY_HOST_MEMORY_CACHE_BYTES (default 1 GiB; 0 turns it off; off by
-// default in AddressSanitizer builds so that use-after-free stays detectable) and is emptied when
-// an allocation fails.
+// The cache holds at most FERRY_HOST_MEMORY_CACHE_BYTES (ferry/core/settings.h; default 1 GiB;
+// 0 turns it off; off by default in AddressSanitizer builds so that use-after-free stays
+// detectable; SetSetting changes it while running) and is emptied when an allocation fails. The
+// gauges HostMemoryCacheBytes and HostMemoryCacheLimitBytes (ferry/core/metrics.h) follow it.
 std::byte* AllocateHostMemory(int64_t size_bytes);
 void FreeHostMemory(std::byte* memory, int64_t size_bytes);
 // Bytes of freed host memory held by the cache, and its limit.
@@ -31,13 +32,17 @@ int64_t CachedHostMemoryBytes();
 int64_t HostMemoryCacheLimitBytes();
 // Gives every cached block back to the system.
 void ReleaseCachedHostMemory();
+// The error of a bad FERRY_HOST_MEMORY_CACHE_BYTES (the cache then holds nothing), else OK.
+// HostTensor::Allocate returns it.
+Status HostMemoryCacheSettingStatus();
 
 // Owns its bytes; movable, not copyable. Not thread-safe for concurrent writes (plain memory).
 class HostTensor {
  public:
   HostTensor() = default;
   // Allocates (uninitialised) memory for `dims` of `dtype`. InvalidArgument on negative dims or
-  // overflow; ResourceExhausted when the allocation fails.
+  // overflow, or while FERRY_HOST_MEMORY_CACHE_BYTES is bad; ResourceExhausted when the
+  // allocation fails.
   static StatusOr<HostTensor> Allocate(DType dtype, absl::Span<const int64_t> dims);
 
   DType dtype() const { return dtype_; }

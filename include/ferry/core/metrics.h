@@ -2,9 +2,9 @@
 //
 // Counters count events (`DirectTransfers`); value metrics keep every sample's running total and a
 // bounded window of recent samples for percentiles (`TransferToDeviceTime`, in seconds;
-// `OutboundData`, in bytes). Both are created on first use by name and live for the whole process;
-// the pointers returned are never invalidated. All operations are thread-safe; counters are
-// lock-free.
+// `OutboundData`, in bytes); gauges hold a level that goes up and down (`HostMemoryCacheBytes`).
+// Both are created on first use by name and live for the whole process; the pointers returned are
+// never invalidated. All operations are thread-safe; counters are lock-free.
 #pragma once
 
 #include <atomic>
@@ -56,17 +56,34 @@ class Metric {
   std::deque<double> window_ ABSL_GUARDED_BY(mutex_);
 };
 
-// Returns the process-wide metric or counter named `name`, creating it on first use.
+// A level that goes up and down (bytes a cache holds, its limit): set by its owner, read by the
+// report. ResetMetrics leaves gauges alone: they say how things are, not what happened.
+class Gauge {
+ public:
+  explicit Gauge(MetricUnit unit) : unit_(unit) {}
+  void Set(int64_t value) { value_.store(value, std::memory_order_relaxed); }
+  void Add(int64_t delta) { value_.fetch_add(delta, std::memory_order_relaxed); }
+  int64_t Value() const { return value_.load(std::memory_order_relaxed); }
+  MetricUnit unit() const { return unit_; }
+
+ private:
+  const MetricUnit unit_;
+  std::atomic<int64_t> value_{0};
+};
+
+// Returns the process-wide metric, counter or gauge named `name`, creating it on first use.
 Counter* GetCounter(std::string_view name);
 Metric* GetMetric(std::string_view name, MetricUnit unit);
+Gauge* GetGauge(std::string_view name, MetricUnit unit);
 
 // The report, for every metric with samples: `Metric: NAME`, `TotalSamples`, `Accumulator`,
 // `ValueRate`, `Percentiles` (1%, 5%, 10%, 20%, 50%, 80%, 90%, 95%, 99%); then for every non-zero
-// counter `Counter: NAME` and `Value`.
+// counter `Counter: NAME` and `Value`; then for every gauge, zero or not, `Gauge: NAME` and
+// `Value` (in its unit).
 std::string MetricsReport();
-// name -> value: counters by name; metrics as `NAME.count` and `NAME.sum`.
+// name -> value: counters and gauges by name; metrics as `NAME.count` and `NAME.sum`.
 std::map<std::string, double> MetricsSnapshot();
-// Zeroes every counter and metric (tests and benchmarks).
+// Zeroes every counter and metric (tests and benchmarks); gauges keep their levels.
 void ResetMetrics();
 
 // Adds the seconds between construction and destruction to `metric`.
@@ -94,13 +111,15 @@ Metric* OutboundData();            // bytes read from host sources, per transfer
 Metric* InboundData();             // bytes written to host destinations, per read
 Counter* CreateDataHandles();
 Counter* DestroyDataHandles();
-Counter* DirectTransfers();      // same dtype, no conversion
-Counter* ConvertedTransfers();   // source dtype != device dtype (or device -> other host dtype)
-Counter* SourceDowncasts();      // the dtype policy picked a narrower device dtype
-Counter* ZeroCopyAliases();      // kImmutableZeroCopy buffers that alias their source
-Counter* ZeroCopyFallbacks();    // kImmutableZeroCopy requests that had to copy instead
-Counter* StagingBytes();         // bytes that went through a staging buffer
-Counter* ReplicaDeviceCopies();  // sharded replicas copied device to device, not uploaded again
+Counter* DirectTransfers();          // same dtype, no conversion
+Counter* ConvertedTransfers();       // source dtype != device dtype (or device -> other host dtype)
+Counter* SourceDowncasts();          // the dtype policy picked a narrower device dtype
+Counter* ZeroCopyAliases();          // kImmutableZeroCopy buffers that alias their source
+Counter* ZeroCopyFallbacks();        // kImmutableZeroCopy requests that had to copy instead
+Counter* StagingBytes();             // bytes that went through a staging buffer
+Counter* ReplicaDeviceCopies();      // sharded replicas copied device to device, not uploaded again
+Gauge* HostMemoryCacheBytes();       // bytes of freed host memory the cache holds for reuse
+Gauge* HostMemoryCacheLimitBytes();  // the most it may hold (FERRY_HOST_MEMORY_CACHE_BYTES)
 }  // namespace metrics
 
 }  // namespace ferry

@@ -15,20 +15,28 @@
 
 namespace ferry {
 
+// What a client is created with. Each option that has an environment variable too (the table in
+// ferry/core/settings.h and docs/settings.md) takes precedence over it and over SetSetting.
 struct ClientOptions {
   // Number of devices, for backends that can present several (host). nullopt: the backend's
-  // default (host: 1, or the FERRY_HOST_DEVICES environment variable).
+  // default (host: the setting FERRY_HOST_DEVICES, default 1).
   std::optional<int> num_devices = std::nullopt;
   // Overrides the capability profile the backend would report (the opencl backend narrows its
   // device's own profile with it: dtypes intersected, limits lowered). Without it the host
-  // backend holds every dtype, with the memory limit of FERRY_HOST_MEMORY_LIMIT (bytes) if set.
+  // backend holds every dtype, with the memory limit of the setting FERRY_HOST_MEMORY_LIMIT
+  // (bytes) if set.
   std::optional<DeviceCapabilities> capabilities = std::nullopt;
   // Worker threads of the backend's transfer engine; nullopt: the number of cores.
   std::optional<int> num_worker_threads = std::nullopt;
 
+  // The opencl backend's library (a name dlopen finds, or a path). nullopt: the setting
+  // FERRY_OPENCL_LIBRARY, else the ICD loader libOpenCL.so.1.
+  std::optional<std::string> opencl_library = std::nullopt;
+
   // The pjrt backend's plugin: a path to its shared library, or the name of an installed Python
-  // package that ships one ("xla_cpu_pjrt"). nullopt: FERRY_PJRT_PLUGIN, else the first plugin
-  // found among installed packages (src/device/pjrt/pjrt_library.h says where ferry looks).
+  // package that ships one ("xla_cpu_pjrt"). nullopt: the setting FERRY_PJRT_PLUGIN, else the
+  // first plugin found among installed packages (src/device/pjrt/pjrt_library.h says where ferry
+  // looks: the setting FERRY_PJRT_SEARCH_PATH first).
   std::optional<std::string> pjrt_plugin = std::nullopt;
   // Options handed to the plugin's PJRT_Client_Create as named values, e.g.
   // {"cpu_device_count", int64_t{4}}: int64, float (double here), bool, string or int64 list.
@@ -43,7 +51,8 @@ struct ClientOptions {
 };
 
 // Creates a client. The caller owns it. Returns Unavailable (with the reason) for a backend that
-// cannot start on this machine and NotFound for an unknown name.
+// cannot start on this machine, NotFound for an unknown name, and InvalidArgument naming the
+// variable when any setting of the table has a bad value (CheckSettings).
 using ClientFactory = std::function<StatusOr<std::unique_ptr<Client>>(const ClientOptions&)>;
 
 // Registers `factory` under `backend`. Built-in backends register themselves on first use of

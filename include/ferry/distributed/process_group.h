@@ -45,9 +45,9 @@ class ProcessGroup {
 // A group of one process (rank 0 of 1): every collective returns at once.
 std::unique_ptr<ProcessGroup> MakeSingleProcessGroup();
 
-// Seconds a collective call waits for the other ranks before it gives up:
-// FERRY_DISTRIBUTED_TIMEOUT_S (default 300; a dead peer on this machine is found within about 0.1 s
-// whatever this is).
+// Seconds a collective call waits for the other ranks before it gives up: the setting
+// FERRY_DISTRIBUTED_TIMEOUT_S (ferry/core/settings.h; default 300; a dead peer on this machine is
+// found within about 0.1 s whatever this is). Initialize refuses a bad value.
 double CollectiveTimeoutSeconds();
 
 // Whether this process was started by an MPI launcher (mpiexec sets PMI_RANK / PMI_SIZE; Open MPI
@@ -60,7 +60,8 @@ bool HaveMpi();
 // launcher, an MPI group (MPI is initialised here unless the program already did, e.g. with
 // mpi4py; ferry then never finalizes it); otherwise a single-process group. Idempotent: later
 // calls return the same group. Unavailable when started by an MPI launcher but built without MPI
-// (running the job as N independent single processes would be wrong, not merely slow).
+// (running the job as N independent single processes would be wrong, not merely slow);
+// InvalidArgument naming the variable when a setting has a bad value (CheckSettings).
 // The group lives until the process exits; the pointer stays valid until then.
 StatusOr<ProcessGroup*> Initialize();
 // The process-wide group: the one Initialize made, else a single-process group (never null).

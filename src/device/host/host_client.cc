@@ -5,10 +5,10 @@
 #include <cstring>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -24,28 +24,20 @@ HostDevice::HostDevice(HostClient* client, int index, DeviceCapabilities capabil
 Client* HostDevice::client() const { return client_; }
 
 StatusOr<std::unique_ptr<Client>> HostClient::Create(const ClientOptions& options) {
-  int num_devices = 1;
+  int num_devices = 0;
   if (options.num_devices.has_value()) {
     num_devices = *options.num_devices;
-  } else if (const char* env = std::getenv("FERRY_HOST_DEVICES"); env != nullptr) {
-    if (!absl::SimpleAtoi(env, &num_devices)) {
-      return InvalidArgumentError(
-          fmt::format("FERRY_HOST_DEVICES must be a positive integer, got '{}'", env));
-    }
+  } else {
+    FERRY_ASSIGN_OR_RETURN(num_devices, settings::HostDevices());
   }
   if (num_devices < 1 || num_devices > 1024) {
     return InvalidArgumentError(
         fmt::format("the host backend needs 1 to 1024 devices, got {}", num_devices));
   }
   DeviceCapabilities capabilities = options.capabilities.value_or(DeviceCapabilities::All());
-  if (const char* env = std::getenv("FERRY_HOST_MEMORY_LIMIT");
-      env != nullptr && !options.capabilities.has_value()) {
-    int64_t limit = 0;
-    if (!absl::SimpleAtoi(env, &limit) || limit < 0) {
-      return InvalidArgumentError(
-          fmt::format("FERRY_HOST_MEMORY_LIMIT must be a number of bytes, got '{}'", env));
-    }
-    capabilities.memory_limit_bytes = limit;
+  if (!options.capabilities.has_value()) {
+    FERRY_ASSIGN_OR_RETURN(const std::optional<int64_t> limit, settings::HostMemoryLimit());
+    if (limit.has_value()) capabilities.memory_limit_bytes = *limit;
   }
   const int num_workers = options.num_worker_threads.value_or(
       std::max(1, static_cast<int>(std::thread::hardware_concurrency())));

@@ -238,7 +238,9 @@ void OpenClDevice::ShutdownStaging() { ring_->Shutdown(); }
 void OpenClDevice::FinishQueue() { queue_->cl().clFinish(queue_->queue()); }
 
 StatusOr<std::unique_ptr<Client>> OpenClClient::Create(const ClientOptions& options) {
-  StatusOr<const OpenClLibrary*> library = LoadDefaultOpenClLibrary();
+  StatusOr<const OpenClLibrary*> library = options.opencl_library.has_value()
+                                               ? LoadOpenClLibrary(*options.opencl_library)
+                                               : LoadDefaultOpenClLibrary();
   if (!library.ok()) {
     return UnavailableError(fmt::format("the opencl backend is unavailable: {}",
                                         std::string(library.status().message())));

@@ -2,13 +2,15 @@
 
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "ferry/core/mutex.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 
 namespace ferry::opencl {
@@ -75,9 +77,8 @@ StatusOr<const OpenClLibrary*> LoadOpenClLibrary(std::string_view library_name) 
 }
 
 StatusOr<const OpenClLibrary*> LoadDefaultOpenClLibrary() {
-  const char* name = std::getenv("FERRY_OPENCL_LIBRARY");
-  return LoadOpenClLibrary(name != nullptr && *name != '\0' ? std::string_view(name)
-                                                            : kDefaultOpenClLibrary);
+  const std::optional<std::string> name = settings::OpenClLibrary();
+  return LoadOpenClLibrary(name.has_value() ? std::string_view(*name) : kDefaultOpenClLibrary);
 }
 
 }  // namespace ferry::opencl

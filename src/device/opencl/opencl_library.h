@@ -77,7 +77,7 @@ inline constexpr std::string_view kDefaultOpenClLibrary = "libOpenCL.so.1";
 // when the library cannot be opened or lacks a required function. Thread-safe.
 StatusOr<const OpenClLibrary*> LoadOpenClLibrary(std::string_view library_name);
 
-// The library named by the FERRY_OPENCL_LIBRARY environment variable, else
+// The library named by the setting FERRY_OPENCL_LIBRARY (ferry/core/settings.h), else
 // kDefaultOpenClLibrary.
 StatusOr<const OpenClLibrary*> LoadDefaultOpenClLibrary();
 

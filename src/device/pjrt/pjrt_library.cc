@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "absl/strings/str_split.h"
+#include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -211,7 +212,9 @@ std::vector<std::string> PythonPackageSearchPath() {
       if (std::find(roots.begin(), roots.end(), entry) == roots.end()) roots.emplace_back(entry);
     }
   };
-  add_list(std::getenv("FERRY_PJRT_SEARCH_PATH"));
+  for (const std::string& folder : settings::PjrtSearchPath()) {
+    if (std::find(roots.begin(), roots.end(), folder) == roots.end()) roots.push_back(folder);
+  }
   add_list(std::getenv("PYTHONPATH"));
   if (const char* venv = std::getenv("VIRTUAL_ENV"); venv != nullptr && *venv != '\0') {
     for (const fs::path& lib : SubfoldersOf(fs::path(venv) / "lib")) {
@@ -233,8 +236,8 @@ std::vector<std::string> PythonPackageSearchPath() {
 
 StatusOr<std::string> FindPjrtPlugin(std::string_view requested) {
   if (!requested.empty()) return FindRequested(requested, "pjrt plugin");
-  if (const char* env = std::getenv("FERRY_PJRT_PLUGIN"); env != nullptr && *env != '\0') {
-    return FindRequested(env, "FERRY_PJRT_PLUGIN");
+  if (const std::optional<std::string> plugin = settings::PjrtPlugin(); plugin.has_value()) {
+    return FindRequested(*plugin, "FERRY_PJRT_PLUGIN");
   }
   if (std::optional<fs::path> found = FindAnyInstalledPlugin(); found.has_value()) {
     return found->string();

@@ -43,8 +43,9 @@ struct PjrtLibrary {
 // plugin's own initialisation error). Thread-safe.
 StatusOr<const PjrtLibrary*> LoadPjrtLibrary(const std::string& path);
 
-// The folders where installed Python packages live, in search order: FERRY_PJRT_SEARCH_PATH (a
-// ':'-separated list; the Python package sets it from sys.path), then PYTHONPATH, then
+// The folders where installed Python packages live, in search order: the setting
+// FERRY_PJRT_SEARCH_PATH (a ':'-separated list; the Python package sets it from sys.path;
+// ferry/core/settings.h), then PYTHONPATH, then
 // $VIRTUAL_ENV/lib/python3.*/site-packages, then the site-packages this ferry was built against.
 std::vector<std::string> PythonPackageSearchPath();
 
@@ -53,7 +54,8 @@ std::vector<std::string> PythonPackageSearchPath();
 // - else the name of an installed Python package that ships a plugin ("xla_cpu_pjrt",
 //   "xla-cpu-pjrt", "lammps_jax_pjrt_cpu"): the first `.so` in the package's folder (also looked
 //   for under `xla_plugins/` and `jax_plugins/`), in PythonPackageSearchPath();
-// - empty: FERRY_PJRT_PLUGIN if set (a path or a package name, as above), else the first plugin
+// - empty: the setting FERRY_PJRT_PLUGIN if set (a path or a package name, as above), else the
+// first plugin
 //   found among installed packages (a `.so` with "pjrt" in its name, or any `.so` in a package
 //   under `xla_plugins/` or `jax_plugins/`), in search-path order.
 // ferry's own plugin (ferry_pjrt_plugin.so, which wraps another) is found only by its path.
