@@ -86,6 +86,10 @@ expect_output "malformed file named" "bad.safetensors" "$work/err"
 check "an unknown device is bad input" 1 "$ferry" put "$work/s.safetensors" --device host:9
 check "an unknown dtype is bad input" 1 "$ferry" put "$work/s.safetensors" --device-dtype float128
 check "a bad size is bad input" 1 "$ferry" sample "$work/x.safetensors" --size lots
+# A bad setting in the environment is named (docs/settings.md), before any command runs.
+check "a bad setting is bad input" 1 env FERRY_HOST_MEMORY_CACHE_BYTES=abc "$ferry" devices
+expect_output "the bad setting is named" \
+  'ferry: FERRY_HOST_MEMORY_CACHE_BYTES="abc": not a byte count (an integer >= 0)' "$work/err"
 
 expect_no_output() {  # expect_no_output DESCRIPTION PATTERN FILE
   if grep -q -- "$2" "$3"; then echo "FAIL: $1: '$2' in $3"; cat "$3"; failures=$((failures + 1))

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "ferry/core/settings.h"
 #include "ferry/version.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -98,6 +99,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& error) {
     // --help exits 0; every usage error exits kExitUsage.
     return app.exit(error) == 0 ? kExitOk : kExitUsage;
+  }
+  // A bad value of a setting (docs/settings.md) is named before any command starts.
+  if (ferry::Status status = ferry::CheckSettings(); !status.ok()) {
+    fmt::print(stderr, "ferry: {}\n", std::string(status.message()));
+    return kExitBadInput;
   }
   if (!pjrt_plugin.empty()) CommandClientOptions().pjrt_plugin = pjrt_plugin;
   for (const std::string& option : plugin_options) {
