@@ -191,8 +191,8 @@ StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
   OnEventReady(
       api, ready_args.event,
       [ready, token = std::move(token)](Status status) mutable {
+        ready.Set(std::move(status));  // before the token: the client waits for both
         token.Release();
-        ready.Set(std::move(status));
       },
       fmt::format("CopyToDevice to {}", target->name()));
   return std::unique_ptr<Buffer>(new PjrtBuffer(pjrt_target, std::move(parts)));

@@ -471,16 +471,16 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     OnEventReady(
         api, ready_event,
         [ready, token = std::move(token)](Status status) mutable {
+          ready.Set(std::move(status));  // before the token: the client waits for both
           token.Release();
-          ready.Set(std::move(status));
         },
         fmt::format("tensor '{}'", tensor_name));
   } else {
     // Ready() completes once the data has arrived and on_done has returned.
     auto counter =
         std::make_shared<PieceCounter>([ready, token = std::move(token)](Status status) mutable {
+          ready.Set(std::move(status));  // before the token: the client waits for both
           token.Release();
-          ready.Set(std::move(status));
         });
     counter->Add();
     // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
