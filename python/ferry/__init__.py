@@ -468,7 +468,7 @@ def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, in
     copy=False: then a versioned capsule flagged READ_ONLY aliases it, and an unversioned one
     (which cannot carry the flag) is refused with BufferError. Never a writable alias.
     """
-    device_type, device_id = self._dlpack_device()
+    device_type, device_id = self.__dlpack_device__()
     if stream is not None and device_type == _DLPACK_CPU:
         raise BufferError("__dlpack__: a host-memory device has no streams; pass stream=None")
     if dl_device is not None and tuple(dl_device) != (device_type, device_id):
@@ -479,12 +479,6 @@ def _array_dlpack(self: Array, *, stream: Any = None, max_version: tuple[int, in
 
 
 _DLPACK_CPU = 1  # DLPack's kDLCPU
-
-
-def _array_dlpack_device(self: Array) -> tuple[int, int]:
-    """(device type, device id) as DLPack numbers them: (1, 0) for host-addressable memory,
-    (2, ordinal) for a CUDA plugin's memory, (10, ordinal) for a ROCm plugin's."""
-    return self._dlpack_device()
 
 
 def _array_local_shards(self: Array) -> list[Shard]:

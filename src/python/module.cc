@@ -830,7 +830,6 @@ NB_MODULE(_ferry, m) {
            "True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
-      .def("_dlpack_device", &Array::DLPackDevice)
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
                    "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
@@ -899,12 +898,10 @@ NB_MODULE(_ferry, m) {
                   "= None) -> typing.Any"),
           "DLPack export of an array in host-addressable memory or a GPU plugin's device memory "
           "(docs/python.md).")
-      .def(
-          "__dlpack_device__",
-          [](nb::handle self) { return PythonHelper("_array_dlpack_device")(self); },
-          nb::sig("def __dlpack_device__(self) -> tuple[int, int]"),
-          "(1, 0) for arrays in host-addressable memory, (2, ordinal) in a CUDA plugin's "
-          "memory, (10, ordinal) in a ROCm plugin's.");
+      .def("__dlpack_device__", &Array::DLPackDevice,
+           nb::sig("def __dlpack_device__(self) -> tuple[int, int]"),
+           "(1, 0) for arrays in host-addressable memory, (2, ordinal) in a CUDA plugin's "
+           "memory, (10, ordinal) in a ROCm plugin's.");
 
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
