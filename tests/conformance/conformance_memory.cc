@@ -2,6 +2,7 @@
 // that does not fit, with ResourceExhausted naming the tensor, while everything already on the
 // device stays intact; freeing a buffer makes room again.
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,57 @@ TEST_P(ConformanceMemory, BufferLargerThanTheLimitIsResourceExhausted) {
     EXPECT_TRUE(absl::IsResourceExhausted(buffer.status())) << buffer.status();
     EXPECT_EQ(record->Calls(), 0);
     EXPECT_EQ(target->bytes_in_use(), 0);
+  }
+}
+
+// A read holds the buffer's memory only until its future completes: once a read is done and the
+// buffer destroyed, the bytes are out of bytes_in_use at once, on every read path (inline, on
+// the engine, through the plugin, staged and converted, strided), and for a read issued before
+// the data arrived.
+TEST_P(ConformanceMemory, BytesLeaveTheDeviceOnceTheReadIsDoneAndTheBufferDestroyed) {
+  struct ReadCase {
+    std::string name;
+    std::vector<int64_t> dims;
+    DType read_dtype;
+    bool transposed;
+  };
+  const std::vector<ReadCase> cases = {
+      {"small dense", {16, 64}, DType::kF32, false},
+      {"large dense", {256, 1024}, DType::kF32, false},
+      {"large converted to f64", {256, 1024}, DType::kF64, false},
+      {"transposed", {64, 96}, DType::kF32, true},
+  };
+  const int64_t before = device()->bytes_in_use();
+  for (const ReadCase& read_case : cases) {
+    for (bool read_before_ready : {false, true}) {
+      SCOPED_TRACE(absl::StrFormat("%s, read %s Ready()", read_case.name,
+                                   read_before_ready ? "before" : "after"));
+      for (int round = 0; round < 8; ++round) {
+        HostBytes source = RandomDenseTensor(rng(), DType::kF32, read_case.dims);
+        CT_ASSERT_OK_AND_ASSIGN(
+            std::unique_ptr<Buffer> buffer,
+            client().BufferFromHostBuffer(
+                HostView::Dense(source.data(), DType::kF32, read_case.dims), DType::kF32, device(),
+                HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr));
+        if (!read_before_ready) CT_ASSERT_READY_OK(buffer->Ready());
+        const int64_t rows = read_case.dims[0];
+        const int64_t cols = read_case.dims[1];
+        const int64_t element = DTypeSize(read_case.read_dtype);
+        HostBytes dst(rows * cols * element);
+        const MutableHostView view =
+            read_case.transposed
+                ? MutableHostView(dst.data(), read_case.read_dtype, {rows, cols},
+                                  {element, rows * element})
+                : MutableHostView::Dense(dst.data(), read_case.read_dtype, read_case.dims);
+        const std::optional<Status> read = AwaitFor(buffer->ToHost(view));
+        ASSERT_TRUE(read.has_value()) << "ToHost did not complete in time";
+        if (absl::IsUnimplemented(*read)) break;  // a backend without this read (stated there)
+        CT_ASSERT_OK(*read);
+        buffer.reset();
+        ASSERT_EQ(device()->bytes_in_use(), before)
+            << "the buffer's bytes outlived a finished read (round " << round << ")";
+      }
+    }
   }
 }
 

@@ -84,7 +84,10 @@ class Device {
   // "<backend>:<index>", e.g. "host:0".
   virtual const std::string& name() const = 0;
   virtual const DeviceCapabilities& capabilities() const = 0;
-  // Bytes currently held by this device's buffers (aliases excluded).
+  // Bytes currently held by this device's buffers (aliases excluded). A buffer's bytes leave it
+  // when the buffer is destroyed and no read of it is still running: a read lets go of the
+  // memory before its future completes, so destroying a buffer after its reads are done frees
+  // its bytes at once.
   virtual int64_t bytes_in_use() const = 0;
   // What the device is, in one line for people ("cpu (PJRT plugin xla_cpu_pjrt.so, API 0.81)");
   // empty where the name says it all.

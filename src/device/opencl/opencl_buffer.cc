@@ -141,6 +141,9 @@ struct ReadRequest {
 void StartRead(ReadRequest request) {
   const DeviceQueue& queue = request.memory->queue();
   const OpenClLibrary& cl = queue.cl();
+  // The read holds the buffer's memory only while it enqueues (the in-order queue runs a later
+  // owner's commands after it) and lets go of it before its last piece reports: whoever destroys
+  // the buffer once the read's future completes finds its bytes out of bytes_in_use at once.
   auto counter = std::make_shared<PieceCounter>(
       [done = request.done, ready = request.ready](Status status) {
         if (!status.ok()) {
@@ -214,8 +217,9 @@ void StartRead(ReadRequest request) {
       counter->Add();  // the job's hold
       started = request.ring->Submit([counter, memory = request.memory, ring = request.ring,
                                       device_dtype = request.device_dtype, dst = request.dst,
-                                      what = request.what](Status status) {
+                                      what = request.what](Status status) mutable {
         if (status.ok()) status = StagedRead(*ring, *memory, device_dtype, dst, counter, what);
+        memory.reset();
         counter->Done(std::move(status));
       });
       if (!started.ok()) counter->Done(started);  // the job was dropped: release its hold
@@ -223,6 +227,7 @@ void StartRead(ReadRequest request) {
     }
   }
   if (started.ok()) cl.clFlush(queue.queue());
+  request.memory.reset();
   counter->Done(std::move(started));  // the starter's hold
 }
 

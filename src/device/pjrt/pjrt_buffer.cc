@@ -4,10 +4,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/mutex.h"
 #include "fmt/format.h"
 #include "src/device/pjrt/pjrt_client.h"
 #include "src/device/staging_ring.h"
@@ -143,6 +145,7 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
                                           fmt::format("CopyRawToHost from {}", name));
           if (start.ok()) start = AwaitEvent(api, args.event, "CopyRawToHost");
         }
+        handle.reset();  // the buffer is let go of before the read is reported done
         done.Set(std::move(start));
         token.Release();
       });
@@ -198,6 +201,53 @@ StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
   return std::unique_ptr<Buffer>(new PjrtBuffer(pjrt_target, std::move(parts)));
 }
 
+// One ToHost in flight. It holds what the read needs (the buffer's handle and its accounted
+// memory, through the source) and a client token; every piece of the read that outlives its
+// call holds it. Its future completes when the last piece lets go, after the source is dropped:
+// whoever destroys the buffer once the read's future is done finds its bytes out of
+// bytes_in_use at once, not when some worker's closure happens to be destroyed.
+class PjrtBuffer::Read {
+ public:
+  Read(const ReadSource& source, const MutableHostView& dst, Promise<> done,
+       ClientLifetime::Token token)
+      : source_(source), dst_(dst), done_(std::move(done)), token_(std::move(token)) {}
+  Read(const Read&) = delete;
+  Read& operator=(const Read&) = delete;
+
+  ~Read() {
+    Status status;
+    {
+      MutexLock lock(mutex_);
+      status = finished_ ? std::move(status_)
+                         : AbortedError(fmt::format("ToHost from {}: the read was dropped before "
+                                                    "it finished (the client is shutting down)",
+                                                    source_->device_name));
+    }
+    source_.reset();  // the buffer's memory first, then the future, then the client
+    done_.Set(std::move(status));
+    token_.Release();
+  }
+
+  const ReadSource& source() const { return *source_; }
+  const MutableHostView& dst() const { return dst_; }
+
+  // The read's outcome, reported when the last piece lets go; an error outranks OK.
+  void Finish(Status status) {
+    MutexLock lock(mutex_);
+    if (!finished_ || (status_.ok() && !status.ok())) status_ = std::move(status);
+    finished_ = true;
+  }
+
+ private:
+  std::optional<ReadSource> source_;
+  const MutableHostView dst_;
+  Promise<> done_;
+  ClientLifetime::Token token_;
+  Mutex mutex_;
+  bool finished_ ABSL_GUARDED_BY(mutex_) = false;
+  Status status_ ABSL_GUARDED_BY(mutex_);
+};
+
 Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
   if (Status status = CheckToHostArgs(parts_.dims, parts_.device_dtype, dst); !status.ok()) {
     return Future<>::Ready(std::move(status));
@@ -209,38 +259,31 @@ Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
   Future<> result = done.future();
   // The read starts once the data has arrived: at once, on this thread, when it has; else on the
   // thread that completes Ready() (a plugin or engine thread: StartRead hands whatever may wait to
-  // the staging worker). The copy of the source holds the buffer's handle, so the device memory
-  // (or an alias's source, released at PJRT_Buffer_Destroy) outlives the read even if the buffer
-  // is destroyed first.
-  parts_.ready.OnReady(
-      [source = source_, dst, done, token = std::move(*token)](const Status& ready) mutable {
-        Status started = ready.ok() ? StartRead(source, dst, done, /*on_worker=*/false) : ready;
-        if (!started.ok()) done.Set(std::move(started));
-        token.Release();
-      });
+  // the staging worker). The read holds the buffer's handle, so the device memory (or an alias's
+  // source, released at PJRT_Buffer_Destroy) outlives it even if the buffer is destroyed first.
+  auto read = std::make_shared<Read>(source_, dst, std::move(done), *std::move(token));
+  parts_.ready.OnReady([read = std::move(read)](const Status& ready) {
+    Status started = ready.ok() ? StartRead(read, /*on_worker=*/false) : ready;
+    if (!started.ok()) read->Finish(std::move(started));
+  });
   return result;
 }
 
-Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& dst, Promise<> done,
-                             bool on_worker) {
+Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) {
+  // The read's token keeps the client (its engine and staging) alive until the read is over.
+  const ReadSource& source = read->source();
+  const MutableHostView& dst = read->dst();
   const PjrtBufferParts& parts_ = source.parts;
   const std::string& device_name_ = source.device_name;
   const int64_t size_bytes_ = source.size_bytes;
   PjrtClient* const client_ = source.client;
-  const std::shared_ptr<ClientLifetime>& lifetime_ = source.lifetime;
-  // Called with a token held by ToHost, so the client (its engine and staging) is alive; each
-  // asynchronous piece below takes its own token and the buffer handle.
-  FERRY_ASSIGN_OR_RETURN(
-      ClientLifetime::Token token,
-      ClientLifetime::Begin(lifetime_, fmt::format("ToHost from {}", device_name_)));
-  const int64_t num_elements = dst.num_elements();
-  if (num_elements == 0) {
-    done.Set(OkStatus());
+  if (dst.num_elements() == 0) {
+    read->Finish(OkStatus());
     return OkStatus();
   }
   const DType device_dtype = parts_.device_dtype;
-  const std::shared_ptr<PjrtBufferHandle> handle = parts_.handle;
-  const PJRT_Api& api = handle->runtime().api();
+  PjrtBufferHandle& handle = *parts_.handle;
+  const PJRT_Api& api = handle.runtime().api();
 
   if (parts_.host_address != nullptr) {
     FERRY_ASSIGN_OR_RETURN(
@@ -249,15 +292,13 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
                                 dst));
     if (size_bytes_ <= kInlineReadBytes) {
       plan.CopyAll();
-      done.Set(OkStatus());
+      read->Finish(OkStatus());
       return OkStatus();
     }
-    return client_->engine()->Submit(std::move(plan),
-                                     [done, handle, keep = parts_.memory_keepalive,
-                                      token = std::move(token)](Status status) mutable {
-                                       done.Set(std::move(status));
-                                       token.Release();
-                                     });
+    return client_->engine()->Submit(std::move(plan), [read = read](Status status) mutable {
+      read->Finish(std::move(status));
+      read.reset();
+    });
   }
 
   // Every read through the plugin runs on the client's staging worker and waits for the plugin's
@@ -265,12 +306,11 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
   // before its copy has fully landed (seen here: bytes of the destination still unwritten inside
   // the continuation, never after PJRT_Event_Await).
   if (!on_worker) {
-    return client_->RunOnStagingWorker(
-        [source, dst, done, token = std::move(token)](Status start) mutable {
-          if (start.ok()) start = StartRead(source, dst, done, /*on_worker=*/true);
-          if (!start.ok()) done.Set(std::move(start));
-          token.Release();
-        });
+    return client_->RunOnStagingWorker([read = read](Status start) mutable {
+      if (start.ok()) start = StartRead(read, /*on_worker=*/true);
+      if (!start.ok()) read->Finish(std::move(start));
+      read.reset();
+    });
   }
   const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
   if (dense_same_dtype || !client_->platform().has_raw_reads) {
@@ -281,12 +321,12 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
           device_name_, DTypeName(device_dtype)));
     }
     auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-    args.src = handle->get();
+    args.src = handle.get();
     args.dst = dst.data;
     args.dst_size = static_cast<size_t>(size_bytes_);
-    FERRY_RETURN_IF_ERROR(handle->runtime().Check(
+    FERRY_RETURN_IF_ERROR(handle.runtime().Check(
         api.PJRT_Buffer_ToHostBuffer(&args), fmt::format("ToHostBuffer from {}", device_name_)));
-    done.Set(AwaitEvent(api, args.event, fmt::format("ToHostBuffer from {}", device_name_)));
+    read->Finish(AwaitEvent(api, args.event, fmt::format("ToHostBuffer from {}", device_name_)));
     return OkStatus();
   }
 
@@ -303,25 +343,25 @@ Status PjrtBuffer::StartRead(const ReadSource& source, const MutableHostView& ds
     pending.pop_front();
     std::move(oldest.landed)(AwaitEvent(api, oldest.event, what));
   };
-  Promise<> read;
-  auto counter = std::make_shared<PieceCounter>([read](Status status) { read.Set(status); });
+  Promise<> pieces;
+  auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
   Status started = StagedRead(
       client_->staging(), device_dtype, dst,
       [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
         while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
         auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-        args.buffer = handle->get();
+        args.buffer = handle.get();
         args.dst = chunk.host;
         args.offset = piece.offset_bytes;
         args.transfer_size = piece.size_bytes;
-        FERRY_RETURN_IF_ERROR(handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
+        FERRY_RETURN_IF_ERROR(handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
         pending.push_back({args.event, std::move(landed)});
         return OkStatus();
       },
       counter);
   while (!pending.empty()) land_oldest();
   counter->Done(std::move(started));
-  done.Set(read.future().Await());
+  read->Finish(pieces.future().Await());
   return OkStatus();
 }
 

@@ -116,10 +116,11 @@ class PjrtBuffer final : public Buffer {
   };
 
  private:
-  // Starts reading `source` into `dst`; completes `done`. With a token of the client held;
-  // `on_worker` when this runs on the client's staging worker (reads that wait go there).
-  static Status StartRead(const ReadSource& source, const MutableHostView& dst, Promise<> done,
-                          bool on_worker);
+  class Read;
+  // Starts `read` (after Ready()) and finishes it, or hands it to a piece that will (every piece
+  // that outlives the call holds `read`). An error when it could not start. `on_worker` when this
+  // runs on the client's staging worker (reads that wait go there).
+  static Status StartRead(const std::shared_ptr<Read>& read, bool on_worker);
 
   PjrtDevice* const device_;
   const ReadSource source_;
