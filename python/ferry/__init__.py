@@ -1009,7 +1009,9 @@ def metrics() -> dict[str, float]:
     """Counters and gauges by name; value metrics as NAME.count and NAME.sum.
 
     The gauges ``HostMemoryCacheBytes`` and ``HostMemoryCacheLimitBytes`` say how much freed host
-    memory ferry keeps for reuse, and the most it may keep (``FERRY_HOST_MEMORY_CACHE_BYTES``).
+    memory ferry keeps for reuse, and the most it may keep (``FERRY_HOST_MEMORY_CACHE_BYTES``);
+    ``DeviceMemoryCacheBytes`` and ``DeviceMemoryCacheLimitBytes`` the same for the freed device
+    memory of the opencl devices, summed over them.
     """
     return _ferry.metrics()
 

@@ -11,7 +11,8 @@
 // Bounded: at most `limit_bytes` are kept (SetLimit changes it, releasing the oldest entries when
 // it shrinks); the oldest entries are released first to make room, and an allocation that fails
 // for want of memory should empty the cache (`ReleaseAll`) and retry. Optional gauges follow what
-// it holds and its limit (the metrics report shows them).
+// it holds and its limit (the metrics report shows them); several caches may share a gauge (one
+// per OpenCL device), which then reads their sum.
 // Cached memory belongs to no tensor: it is not counted in a device's bytes_in_use. `Close` (the
 // client's destructor) releases everything and turns the cache into a pass-through, so memory of
 // buffers that outlive their client is released when they die.
@@ -43,8 +44,8 @@ class FreedMemoryCache {
  public:
   // `release` frees one handle for good. Entries smaller than `min_cached_bytes` are never cached
   // (the allocator already serves small sizes well). `cached_gauge` and `limit_gauge`, when not
-  // null, are set to the bytes held and the limit whenever they change (a gauge per cache: each
-  // Set replaces the value).
+  // null, follow the bytes held and the limit: the cache adds its changes to them, and takes its
+  // share back when it is closed or destroyed, so a gauge shared by several caches reads the sum.
   FreedMemoryCache(int64_t limit_bytes, int64_t min_cached_bytes,
                    std::function<void(Handle)> release, Gauge* cached_gauge = nullptr,
                    Gauge* limit_gauge = nullptr)
@@ -53,10 +54,10 @@ class FreedMemoryCache {
         cached_gauge_(cached_gauge),
         limit_gauge_(limit_gauge),
         limit_bytes_(limit_bytes) {
-    if (limit_gauge_ != nullptr) limit_gauge_->Set(limit_bytes);
-    if (cached_gauge_ != nullptr) cached_gauge_->Set(0);
+    MutexLock lock(mutex_);
+    UpdateGauges();
   }
-  ~FreedMemoryCache() { ReleaseAll(); }
+  ~FreedMemoryCache() { Close(); }
   FreedMemoryCache(const FreedMemoryCache&) = delete;
   FreedMemoryCache& operator=(const FreedMemoryCache&) = delete;
 
@@ -72,7 +73,7 @@ class FreedMemoryCache {
     Handle handle = std::move(newest->handle);
     cached_bytes_ -= size_bytes;
     by_age_.erase(newest);
-    UpdateCachedGauge();
+    UpdateGauges();
     return handle;
   }
 
@@ -86,7 +87,7 @@ class FreedMemoryCache {
         by_age_.push_back({std::move(handle), size_bytes});
         by_size_[size_bytes].push_back(std::prev(by_age_.end()));
         cached_bytes_ += size_bytes;
-        UpdateCachedGauge();
+        UpdateGauges();
       } else {
         evicted.push_back({std::move(handle), size_bytes});
       }
@@ -102,13 +103,13 @@ class FreedMemoryCache {
       evicted.swap(by_age_);
       by_size_.clear();
       cached_bytes_ = 0;
-      UpdateCachedGauge();
+      UpdateGauges();
     }
     Release(evicted);
     return !evicted.empty();
   }
 
-  // Releases every cached handle and caches nothing from now on.
+  // Releases every cached handle and caches nothing from now on (its limit leaves the gauge).
   void Close() {
     {
       MutexLock lock(mutex_);
@@ -124,8 +125,7 @@ class FreedMemoryCache {
       MutexLock lock(mutex_);
       limit_bytes_ = limit_bytes;
       while (cached_bytes_ > limit_bytes_) EvictOldest(evicted);
-      UpdateCachedGauge();
-      if (limit_gauge_ != nullptr) limit_gauge_->Set(limit_bytes_);
+      UpdateGauges();
     }
     Release(evicted);
   }
@@ -156,8 +156,13 @@ class FreedMemoryCache {
     evicted.splice(evicted.end(), by_age_, by_age_.begin());
   }
 
-  void UpdateCachedGauge() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
-    if (cached_gauge_ != nullptr) cached_gauge_->Set(cached_bytes_);
+  // Adds what changed since the last report to the gauges; a closed cache reports a limit of 0.
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    const int64_t limit = closed_ ? 0 : limit_bytes_;
+    if (cached_gauge_ != nullptr) cached_gauge_->Add(cached_bytes_ - reported_cached_bytes_);
+    if (limit_gauge_ != nullptr) limit_gauge_->Add(limit - reported_limit_bytes_);
+    reported_cached_bytes_ = cached_bytes_;
+    reported_limit_bytes_ = limit;
   }
 
   void Release(std::list<Entry>& entries) const {
@@ -176,6 +181,9 @@ class FreedMemoryCache {
       ABSL_GUARDED_BY(mutex_);
   int64_t cached_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
   bool closed_ ABSL_GUARDED_BY(mutex_) = false;
+  // This cache's share of the gauges, as last added to them.
+  int64_t reported_cached_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
+  int64_t reported_limit_bytes_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace ferry

@@ -256,6 +256,8 @@ FERRY_DEFINE_COUNTER(StagingBytes)
 
 FERRY_DEFINE_GAUGE(HostMemoryCacheBytes, kBytes)
 FERRY_DEFINE_GAUGE(HostMemoryCacheLimitBytes, kBytes)
+FERRY_DEFINE_GAUGE(DeviceMemoryCacheBytes, kBytes)
+FERRY_DEFINE_GAUGE(DeviceMemoryCacheLimitBytes, kBytes)
 
 #undef FERRY_DEFINE_GAUGE
 #undef FERRY_DEFINE_COUNTER

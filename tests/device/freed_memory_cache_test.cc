@@ -81,6 +81,32 @@ TEST(FreedMemoryCacheTest, SetLimitReleasesTheOldestAndTheGaugesFollow) {
   EXPECT_EQ(cached.Value(), 0);
 }
 
+// Caches that share gauges (one per OpenCL device) add up in them, and each takes its share back
+// when it is closed or destroyed.
+TEST(FreedMemoryCacheTest, CachesSharingGaugesAddUpAndTakeTheirShareBack) {
+  Gauge cached(MetricUnit::kBytes), limit(MetricUnit::kBytes);
+  auto release_nothing = [](int) {};
+  auto first = std::make_unique<FreedMemoryCache<int>>(1000, 0, release_nothing, &cached, &limit);
+  FreedMemoryCache<int> second(3000, 0, release_nothing, &cached, &limit);
+  EXPECT_EQ(limit.Value(), 4000);
+  first->Give(1, 100);
+  second.Give(2, 250);
+  EXPECT_EQ(cached.Value(), 350);
+  second.SetLimit(2000);
+  EXPECT_EQ(limit.Value(), 3000);
+  EXPECT_EQ(second.Take(250), 2);
+  EXPECT_EQ(cached.Value(), 100);
+  second.Give(3, 40);
+  second.Close();  // its 40 bytes are released and its limit leaves the gauge
+  EXPECT_EQ(cached.Value(), 100);
+  EXPECT_EQ(limit.Value(), 1000);
+  second.SetLimit(5000);  // a closed cache caches nothing, whatever its limit
+  EXPECT_EQ(limit.Value(), 1000);
+  first.reset();
+  EXPECT_EQ(cached.Value(), 0);
+  EXPECT_EQ(limit.Value(), 0);
+}
+
 // Eviction goes by age across sizes while Take goes by size: the two orders must stay in step
 // over many entries of interleaved sizes.
 TEST(FreedMemoryCacheTest, ManyEntriesOfMixedSizesKeepAgeAndSizeOrdersInStep) {

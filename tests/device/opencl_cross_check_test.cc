@@ -476,6 +476,7 @@ TEST_F(OpenClCrossCheckTest, FreedMemoryIsReusedAfterPendingReadsOfItsLastOwner)
   const opencl::DeviceQueue* queue = opencl::DeviceQueueOf(opencl_device());
   ASSERT_NE(queue, nullptr);
   const int64_t cached_before = queue->cached_bytes();
+  const int64_t gauge_before = metrics::DeviceMemoryCacheBytes()->Value();
   StatusOr<std::unique_ptr<Buffer>> buffer = opencl_->BufferFromHostBuffer(
       HostView::Dense(first.data(), DType::kF32, {kElements}), DType::kF32, opencl_device(),
       HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "first");
@@ -484,6 +485,7 @@ TEST_F(OpenClCrossCheckTest, FreedMemoryIsReusedAfterPendingReadsOfItsLastOwner)
       (*buffer)->ToHost(MutableHostView::Dense(first_back.data(), DType::kF32, {kElements}));
   buffer->reset();  // its memory goes to the cache with the read still pending
   EXPECT_EQ(queue->cached_bytes(), cached_before + kElements * 4);
+  EXPECT_EQ(metrics::DeviceMemoryCacheBytes()->Value(), gauge_before + kElements * 4);
   EXPECT_EQ(opencl_device()->bytes_in_use(), 0);
 
   StatusOr<std::unique_ptr<Buffer>> reuse = opencl_->BufferFromHostBuffer(
@@ -491,6 +493,7 @@ TEST_F(OpenClCrossCheckTest, FreedMemoryIsReusedAfterPendingReadsOfItsLastOwner)
       HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, "second");
   ASSERT_TRUE(reuse.ok()) << reuse.status();
   EXPECT_EQ(queue->cached_bytes(), cached_before);  // taken from the cache
+  EXPECT_EQ(metrics::DeviceMemoryCacheBytes()->Value(), gauge_before);
   EXPECT_EQ(opencl_device()->bytes_in_use(), kElements * 4);
   const std::optional<Status> read_status = AwaitFor(read);
   ASSERT_TRUE(read_status.has_value() && read_status->ok()) << *read_status;
@@ -501,6 +504,31 @@ TEST_F(OpenClCrossCheckTest, FreedMemoryIsReusedAfterPendingReadsOfItsLastOwner)
       (*reuse)->ToHost(MutableHostView::Dense(second_back.data(), DType::kF32, {kElements})));
   ASSERT_TRUE(second_read.has_value() && second_read->ok()) << *second_read;
   EXPECT_EQ(second_back, second);
+}
+
+// Each device's cache shows in the metrics while its client lives: its limit (a quarter of the
+// device's memory, at most 2 GiB) joins DeviceMemoryCacheLimitBytes, and what it holds joins
+// DeviceMemoryCacheBytes; both leave with the client.
+TEST_F(OpenClCrossCheckTest, DeviceMemoryCacheGaugesFollowEachClient) {
+  const int64_t limit_before = metrics::DeviceMemoryCacheLimitBytes()->Value();
+  const int64_t cached_before = metrics::DeviceMemoryCacheBytes()->Value();
+  StatusOr<std::unique_ptr<Client>> extra = CreateClient("opencl");
+  ASSERT_TRUE(extra.ok()) << extra.status();
+  Device* device = (*extra)->devices()[0];
+  const int64_t added_limit = metrics::DeviceMemoryCacheLimitBytes()->Value() - limit_before;
+  EXPECT_GT(added_limit, 0);
+  EXPECT_LE(added_limit, static_cast<int64_t>((*extra)->devices().size()) * (int64_t{2} << 30));
+  std::vector<float> values(4096, 1.5f);
+  StatusOr<std::unique_ptr<Buffer>> buffer = (*extra)->BufferFromHostBuffer(
+      HostView::Dense(values.data(), DType::kF32, {4096}), DType::kF32, device,
+      HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, "cached");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE((*buffer)->Ready().Await().ok());
+  buffer->reset();
+  EXPECT_EQ(metrics::DeviceMemoryCacheBytes()->Value(), cached_before + 4096 * 4);
+  extra->reset();
+  EXPECT_EQ(metrics::DeviceMemoryCacheBytes()->Value(), cached_before);
+  EXPECT_EQ(metrics::DeviceMemoryCacheLimitBytes()->Value(), limit_before);
 }
 
 // Needs no OpenCL: a library that cannot be opened makes the backend Unavailable, naming it.

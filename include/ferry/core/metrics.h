@@ -120,6 +120,10 @@ Counter* StagingBytes();             // bytes that went through a staging buffer
 Counter* ReplicaDeviceCopies();      // sharded replicas copied device to device, not uploaded again
 Gauge* HostMemoryCacheBytes();       // bytes of freed host memory the cache holds for reuse
 Gauge* HostMemoryCacheLimitBytes();  // the most it may hold (FERRY_HOST_MEMORY_CACHE_BYTES)
+// Freed device memory kept for reuse by the backends that cache it (opencl: each device's cache,
+// a quarter of its global memory at most 2 GiB), summed over every live device of every client.
+Gauge* DeviceMemoryCacheBytes();
+Gauge* DeviceMemoryCacheLimitBytes();  // the most those caches may hold together
 }  // namespace metrics
 
 }  // namespace ferry

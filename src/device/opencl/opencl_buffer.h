@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "ferry/core/future.h"
+#include "ferry/core/metrics.h"
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
 #include "ferry/device/memory_account.h"
@@ -77,8 +78,10 @@ class DeviceQueue {
         context_(context),
         queue_(queue),
         name_(std::move(name)),
-        cache_(cache_limit_bytes, /*min_cached_bytes=*/0,
-               [&cl](cl_mem mem) { cl.clReleaseMemObject(mem); }) {}
+        cache_(
+            cache_limit_bytes, /*min_cached_bytes=*/0,
+            [&cl](cl_mem mem) { cl.clReleaseMemObject(mem); }, metrics::DeviceMemoryCacheBytes(),
+            metrics::DeviceMemoryCacheLimitBytes()) {}
 
   const OpenClLibrary& cl_;
   const cl_device_id device_;
