@@ -44,7 +44,13 @@ scripts/test_cmake_package.sh build/plain
 echo "=== build (asan) ==="
 scripts/build.sh asan
 # The exhaustive 2^32 conversion sweep is too slow under sanitizers; the plain run covers it.
-ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_ctest asan -LE exhaustive
+# intercept_tls_get_addr=0: GCC 12's sanitizer runtime takes a dynamic TLS block whose address
+# falls at offset 16 of a page for glibc 2.19's layout and reads a bogus range before it, so
+# LeakSanitizer's tracer dies at exit (SIGSEGV, "LeakSanitizer has encountered a fatal error")
+# after a test has passed: it hit OpenClRegistrationTest in one build out of several, every run,
+# and went away with a layout change. Fixed upstream in GCC 14 / LLVM 17; leaks are still checked.
+ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  run_ctest asan -LE exhaustive
 
 echo "=== build (tsan) ==="
 scripts/build.sh tsan
