@@ -162,8 +162,8 @@ StatusOr<PreparedCase> PrepareFilePutSafetensors(const CaseContext& context, DTy
         fmt::format("{} does not hold {}", context.device->name(), DTypeName(float_dtype)));
   }
   const int64_t target_bytes = ScaledCount(1024 * kMiB, context.scale, kMiB);
-  const std::vector<SampleTensor> plan =
-      PlanSampleCheckpoint(target_bytes, /*hidden=*/0, float_dtype);
+  FERRY_ASSIGN_OR_RETURN(const std::vector<SampleTensor> plan,
+                         PlanSampleCheckpoint(target_bytes, /*hidden=*/0, float_dtype));
   auto file = std::make_shared<TemporaryFile>(TemporaryPath(DTypeName(float_dtype)));
   FERRY_RETURN_IF_ERROR(
       WriteSampleSafetensors(file->path(), plan, {{"format", "pt"}, {"generator", "ferry-bench"}}));

@@ -12,23 +12,47 @@ int64_t SampleTensorBytes(const SampleTensor& tensor) {
   return count * DTypeSize(tensor.dtype);
 }
 
-std::vector<SampleTensor> PlanSampleCheckpoint(int64_t target_bytes, int64_t hidden,
-                                               std::optional<DType> float_dtype) {
-  if (hidden == 0) {
-    hidden = 256;
-    while (hidden < 2048 && 12 * hidden * hidden * 2 * 8 < target_bytes) hidden *= 2;
+StatusOr<std::vector<SampleTensor>> PlanSampleCheckpoint(int64_t target_bytes, int64_t hidden,
+                                                         std::optional<DType> float_dtype) {
+  if (hidden < 0) {
+    return InvalidArgumentError(fmt::format("the hidden size must be positive, not {}", hidden));
   }
   // The dtype of a floating-point tensor that real checkpoints store as `usual`.
   auto floating = [&](DType usual) { return float_dtype.value_or(usual); };
-  const int64_t vocab = 4 * hidden;
-  std::vector<SampleTensor> plan = {
-      {"model.embed_tokens.weight", floating(DType::kBF16), {vocab, hidden}},
-      {"model.position_ids", DType::kS64, {1, 2048}},
+  // What every plan holds whatever its layers: the embedding, the position table, the final
+  // norm and the head.
+  const auto fixed_tensors = [&](int64_t h) {
+    const int64_t vocab = 4 * h;
+    return std::pair<std::vector<SampleTensor>, std::vector<SampleTensor>>{
+        {{"model.embed_tokens.weight", floating(DType::kBF16), {vocab, h}},
+         {"model.position_ids", DType::kS64, {1, 2048}}},
+        {{"model.norm.weight", floating(DType::kF32), {h}},
+         {"lm_head.weight", floating(DType::kF32), {vocab / 4, h}}}};
   };
-  const std::vector<SampleTensor> tail = {
-      {"model.norm.weight", floating(DType::kF32), {hidden}},
-      {"lm_head.weight", floating(DType::kF32), {vocab / 4, hidden}},
+  const auto fixed_bytes = [&](int64_t h) {
+    const auto [head, tail] = fixed_tensors(h);
+    int64_t bytes = 0;
+    for (const SampleTensor& tensor : head) bytes += SampleTensorBytes(tensor);
+    for (const SampleTensor& tensor : tail) bytes += SampleTensorBytes(tensor);
+    return bytes;
   };
+  const bool chosen = hidden == 0;
+  if (chosen) {
+    constexpr int64_t kSmallestHidden = 64;
+    hidden = 256;
+    while (hidden < 2048 && 12 * hidden * hidden * 2 * 8 < target_bytes) hidden *= 2;
+    // A small target gets a narrower model, so that the fixed tensors alone fit it.
+    while (hidden > kSmallestHidden && fixed_bytes(hidden) > target_bytes) hidden /= 2;
+  }
+  if (fixed_bytes(hidden) > target_bytes) {
+    return InvalidArgumentError(fmt::format(
+        "a sample checkpoint of {} bytes is too small for a model of hidden size {}{}: its "
+        "embedding, position table, norm and head alone take {} bytes: ask for at least {} "
+        "bytes{}",
+        target_bytes, hidden, float_dtype ? fmt::format(" in {}", DTypeName(*float_dtype)) : "",
+        fixed_bytes(hidden), fixed_bytes(hidden), chosen ? "" : ", or a smaller hidden size"));
+  }
+  auto [plan, tail] = fixed_tensors(hidden);
   int64_t total = 0;
   for (const SampleTensor& tensor : plan) total += SampleTensorBytes(tensor);
   for (const SampleTensor& tensor : tail) total += SampleTensorBytes(tensor);

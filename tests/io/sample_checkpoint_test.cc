@@ -13,11 +13,15 @@ namespace ferry {
 namespace {
 
 TEST(SampleCheckpointTest, PlanIsWithinOneTensorOfTheTargetSize) {
-  for (const int64_t target : {int64_t{3} << 20, int64_t{7} << 20, int64_t{64} << 20,
-                               int64_t{100'000'000}, int64_t{1} << 30}) {
+  for (const int64_t target :
+       {int64_t{120} << 10, int64_t{300} << 10, int64_t{1} << 20, int64_t{3} << 20,
+        int64_t{7} << 20, int64_t{64} << 20, int64_t{100'000'000}, int64_t{1} << 30}) {
     for (const std::optional<DType> float_dtype :
-         {std::optional<DType>(), std::optional(DType::kF32)}) {
-      const std::vector<SampleTensor> plan = PlanSampleCheckpoint(target, 0, float_dtype);
+         {std::optional<DType>(), std::optional(DType::kF32), std::optional(DType::kF64)}) {
+      if (target < (int64_t{200} << 10) && float_dtype == DType::kF64) continue;  // too small
+      StatusOr<std::vector<SampleTensor>> planned = PlanSampleCheckpoint(target, 0, float_dtype);
+      ASSERT_TRUE(planned.ok()) << planned.status() << " for target " << target;
+      const std::vector<SampleTensor>& plan = *planned;
       int64_t total = 0;
       int64_t largest = 0;
       for (const SampleTensor& tensor : plan) {
@@ -33,6 +37,20 @@ TEST(SampleCheckpointTest, PlanIsWithinOneTensorOfTheTargetSize) {
       EXPECT_EQ(plan.back().name, "lm_head.weight");
     }
   }
+}
+
+// Below the smallest model, or with a hidden size too wide for the target: an error that names
+// the size needed, never a file larger than asked.
+TEST(SampleCheckpointTest, TargetsTooSmallForTheModelAreRefusedNamingTheSizeNeeded) {
+  StatusOr<std::vector<SampleTensor>> tiny = PlanSampleCheckpoint(1024);
+  EXPECT_TRUE(absl::IsInvalidArgument(tiny.status())) << tiny.status();
+  EXPECT_THAT(
+      std::string(tiny.status().message()),
+      ::testing::HasSubstr("ask for at least 65792 bytes"));  // hidden 64: 32 + 16 + 16 KiB + 256
+  StatusOr<std::vector<SampleTensor>> wide = PlanSampleCheckpoint(10 << 10, 100'000);
+  EXPECT_TRUE(absl::IsInvalidArgument(wide.status())) << wide.status();
+  EXPECT_THAT(std::string(wide.status().message()), ::testing::HasSubstr("smaller hidden size"));
+  EXPECT_TRUE(absl::IsInvalidArgument(PlanSampleCheckpoint(1 << 20, -1).status()));
 }
 
 TEST(SampleCheckpointTest, FillIsDeterministicInTheSeed) {

@@ -30,6 +30,12 @@ check "put --help exits 0" 0 "$ferry" put --help
 check "no subcommand is a usage error" 2 "$ferry"
 check "put without files is a usage error" 2 "$ferry" put
 check "an unknown option is a usage error" 2 "$ferry" put --no-such-flag x
+# A ferry without ferry-bench beside it (a pip install) says so, in its help and for `ferry bench`.
+mkdir "$work/alone" && cp "$ferry" "$work/alone/ferry"
+check "bench where there is no ferry-bench is bad input" 1 "$work/alone/ferry" bench --list
+expect_output "bench says how to get the benchmark" "this install has no benchmark" "$work/err"
+check "help where there is no ferry-bench" 0 "$work/alone/ferry" --help
+expect_output "help says there is no benchmark" "no benchmark" "$work/out"
 check "devices lists host:0" 0 "$ferry" devices
 expect_output "devices table" "host:0" "$work/out"
 
@@ -61,6 +67,18 @@ check "put --device-dtype-all" 0 "$ferry" put "$work/f32.safetensors" --device-d
 expect_output "ids converted when asked" "position_ids .*int64 -> bfloat16" "$work/out"
 expect_output "ids' loss reported" "lossy conversion: model.position_ids (int64 -> bfloat16)" \
   "$work/out"
+# An FP8 checkpoint: float8 converts to nothing else, so a float request leaves it as it is.
+f8_header='{"w8":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w32":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}'
+printf "$(printf '\\x%02x' $(( ${#f8_header} )) 0 0 0 0 0 0 0)" >"$work/f8.safetensors"
+printf '%s' "$f8_header" >>"$work/f8.safetensors"
+printf '\x38\x40\xb8\x00\x00\x00\x80\x3f\x00\x00\x00\x40' >>"$work/f8.safetensors"
+check "put an FP8 file with --device-dtype bfloat16" 0 "$ferry" put "$work/f8.safetensors" \
+  --device-dtype bfloat16 --verify
+expect_output "float8 stays float8" "w8 .*float8_e4m3fn -> float8_e4m3fn" "$work/out"
+expect_output "float32 converted beside it" "w32 .*float32 -> bfloat16" "$work/out"
+check "--device-dtype-all still asks float8 to convert" 1 "$ferry" put "$work/f8.safetensors" \
+  --device-dtype bfloat16 --device-dtype-all
+expect_output "the refusal says why" "float8 types are storage-only" "$work/err"
 check "put lossless conversion" 0 "$ferry" put "$work/f32.safetensors" --device-dtype float64 --verify
 expect_output "lossless conversion verified" "verified: every tensor matches the file" "$work/out"
 # A file truncated while `put` reads it: exit 1 naming the file (a truncated-while-mapped error,
@@ -154,6 +172,26 @@ for size in 3MiB 5MiB; do
     echo "ok: sample --size $size wrote $actual bytes"; passes=$((passes + 1))
   else echo "FAIL: sample --size $size wrote $actual bytes"; failures=$((failures + 1)); fi
 done
+# Small sizes get a narrower model, never a file larger than asked (plus its header); a size
+# below the smallest model, or a hidden size too wide for it, is bad input naming what is needed.
+for size in 200KiB 1MiB; do
+  if [[ $size == *KiB ]]; then bytes=$(( ${size%KiB} * 1024 )); else bytes=$(( ${size%MiB} * 1048576 )); fi
+  check "sample --size $size --dtype float64" 0 "$ferry" sample "$work/small.safetensors" \
+    --size "$size" --dtype float64
+  actual=$(stat -c %s "$work/small.safetensors")
+  if (( actual <= bytes + 65536 )); then
+    echo "ok: sample --size $size wrote $actual bytes"; passes=$((passes + 1))
+  else echo "FAIL: sample --size $size wrote $actual bytes"; failures=$((failures + 1)); fi
+done
+check "sample --size 1KiB is too small" 1 "$ferry" sample "$work/tiny.safetensors" --size 1KiB
+expect_output "the size needed is named" "ask for at least" "$work/err"
+check "sample --hidden too wide" 1 "$ferry" sample "$work/wide.safetensors" --size 10KiB \
+  --hidden 100000
+expect_output "a smaller hidden size suggested" "smaller hidden size" "$work/err"
+check "sample npy --size 1KiB" 0 "$ferry" sample "$work/tiny.npy" --size 1KiB
+actual=$(stat -c %s "$work/tiny.npy")
+if (( actual <= 1024 + 128 )); then echo "ok: npy of 1KiB is $actual bytes"; passes=$((passes + 1))
+else echo "FAIL: npy of 1KiB is $actual bytes"; failures=$((failures + 1)); fi
 
 # `ferry bench` runs the ferry-bench program installed beside ferry.
 if [[ -x "$(dirname "$ferry")/ferry-bench" ]]; then

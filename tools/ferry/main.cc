@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -37,13 +38,27 @@ std::string RequestedCommand(int argc, char** argv,
   return "";
 }
 
+// ferry-bench in this program's own folder (where a build from the source tree puts it; a pip
+// install builds no benchmark).
+std::filesystem::path BenchProgramPath(const char* argv0) {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return (error ? std::filesystem::path(argv0) : self).parent_path() / "ferry-bench";
+}
+
+constexpr std::string_view kNoBenchHint =
+    "this install has no benchmark (pip builds none): build ferry from its source tree "
+    "(scripts/build.sh plain) and run build/plain/ferry bench";
+
 // Replaces this process with ferry-bench from this program's own folder (argv[2...] passed on);
 // returns an exit code only when it cannot.
 int RunBenchProgram(int argc, char** argv) {
+  const std::filesystem::path bench = BenchProgramPath(argv[0]);
   std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  const std::filesystem::path bench =
-      (error ? std::filesystem::path(argv[0]) : self).parent_path() / "ferry-bench";
+  if (!std::filesystem::exists(bench, error)) {
+    fmt::print(stderr, "ferry bench: {}\n", kNoBenchHint);
+    return ferry::cli::kExitBadInput;
+  }
   std::vector<std::string> arguments = {bench.string()};
   for (int i = 2; i < argc; ++i) arguments.emplace_back(argv[i]);
   std::vector<char*> bench_argv;
@@ -68,8 +83,11 @@ int main(int argc, char** argv) {
   app.formatter(std::make_shared<WrappingHelpFormatter>());
   app.set_version_flag("--version", fmt::format("ferry {}", ferry::kVersion));
   app.require_subcommand(1);
-  app.footer(
-      "Also: ferry bench [--case NAME] [--size SCALE] [--json FILE] (see ferry bench --help)");
+  std::error_code no_bench;
+  app.footer(std::filesystem::exists(BenchProgramPath(argv[0]), no_bench)
+                 ? "Also: ferry bench [--case NAME] [--size SCALE] [--json FILE] (see ferry "
+                   "bench --help)"
+                 : fmt::format("Also: ferry bench, the benchmark; {}", kNoBenchHint));
   // Options of the clients every command creates (the pjrt backend's plugin and its options);
   // accepted before or after the subcommand.
   app.fallthrough();

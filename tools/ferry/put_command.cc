@@ -78,9 +78,16 @@ StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
 // Whether a requested device dtype applies to a tensor of `source` dtype: only to tensors of its
 // own kind (a floating-point request to floating-point tensors, an integer one to integers), so
 // that `--device-dtype bfloat16` stores the weights as bfloat16 and leaves integer ids alone.
+// The storage-only float8 types convert to nothing else, so a request never applies across them:
+// an FP8 checkpoint's float8 tensors stay float8 while `--device-dtype bfloat16` moves the rest.
 bool RequestAppliesTo(DType requested, DType source) {
-  const DTypeKind requested_kind = GetDTypeInfo(requested).kind;
-  const DTypeKind source_kind = GetDTypeInfo(source).kind;
+  const DTypeInfo& requested_info = GetDTypeInfo(requested);
+  const DTypeInfo& source_info = GetDTypeInfo(source);
+  if (requested != source && (requested_info.storage_only || source_info.storage_only)) {
+    return false;
+  }
+  const DTypeKind requested_kind = requested_info.kind;
+  const DTypeKind source_kind = source_info.kind;
   const auto integer = [](DTypeKind kind) {
     return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
   };

@@ -45,12 +45,15 @@ int RunSample(const SampleOptions& options) {
   }
   std::vector<SampleTensor> plan;
   if (format == "npy") {  // one tensor: a weight matrix of about the requested size
-    const int64_t columns = 4096;
     const DType dtype = float_dtype.value_or(DType::kF32);
-    plan.push_back(
-        {"weight", dtype, {std::max<int64_t>(1, *target / DTypeSize(dtype) / columns), columns}});
+    const int64_t elements = std::max<int64_t>(1, *target / DTypeSize(dtype));
+    const int64_t columns = std::min<int64_t>(4096, elements);
+    plan.push_back({"weight", dtype, {elements / columns, columns}});
   } else {
-    plan = PlanSampleCheckpoint(*target, options.hidden, float_dtype);
+    StatusOr<std::vector<SampleTensor>> planned =
+        PlanSampleCheckpoint(*target, options.hidden, float_dtype);
+    if (!planned.ok()) return ReportError(kCommand, planned.status());
+    plan = *std::move(planned);
     if (format == "npz") {  // numpy has no bfloat16: .npz checkpoints keep it as float16
       for (SampleTensor& tensor : plan) {
         if (tensor.dtype == DType::kBF16) tensor.dtype = DType::kF16;
@@ -99,7 +102,7 @@ CommandRunner AddSampleCommand(CLI::App& app) {
       ->capture_default_str();
   command->add_option("--format", options->format,
                       "safetensors | npy | npz (default: from the file's extension)");
-  command->add_option("--hidden", options->hidden, "Hidden size (default: chosen from --size)")
+  command->add_option("--hidden", options->hidden, "Hidden size (default or 0: chosen from --size)")
       ->check(CLI::NonNegativeNumber);
   command->add_option("--dtype", options->dtype,
                       "Store every floating-point tensor as this dtype (e.g. float32, bfloat16; "

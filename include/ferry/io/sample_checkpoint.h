@@ -26,14 +26,15 @@ int64_t SampleTensorBytes(const SampleTensor& tensor);
 
 // A decoder-only transformer's tensors: the embedding and a position table, then layer after
 // layer of attention and MLP weights and norms, then the final norm and head. Their total is
-// within one tensor of `target_bytes`: at most `target_bytes` (the last layer stops early, at the
-// first tensor that would pass it), unless the embedding, position table, norm and head alone
-// pass it. `hidden` = 0 chooses the hidden size from the target (256 to 2048). The weights are
-// mixed as in real checkpoints (bf16 matrices, an f16 gate, f32 norms, an i64 position table);
-// `float_dtype`, when given, stores every floating-point tensor in that dtype instead (the i64
-// table stays).
-std::vector<SampleTensor> PlanSampleCheckpoint(int64_t target_bytes, int64_t hidden = 0,
-                                               std::optional<DType> float_dtype = std::nullopt);
+// within one tensor of `target_bytes` and never more: the last layer stops early, at the first
+// tensor that would pass it. `hidden` = 0 chooses the hidden size from the target (64 to 2048:
+// narrower for a small target, so that the embedding, position table, norm and head alone fit
+// it). The weights are mixed as in real checkpoints (bf16 matrices, an f16 gate, f32 norms, an
+// i64 position table); `float_dtype`, when given, stores every floating-point tensor in that
+// dtype instead (the i64 table stays). InvalidArgument, naming the size needed, when even those
+// four tensors pass the target; and for a negative `hidden`.
+StatusOr<std::vector<SampleTensor>> PlanSampleCheckpoint(
+    int64_t target_bytes, int64_t hidden = 0, std::optional<DType> float_dtype = std::nullopt);
 
 // The tensor's values, like trained weights: small, centred, deterministic in `seed` (the
 // position table counts 0..2047). The caller owns the result.
