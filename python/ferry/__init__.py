@@ -298,6 +298,46 @@ def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
     return lambda it: next(it)
 
 
+def _leaf_device_dtypes(tree: Any, dtypes: Any, out: list[Any], path: str) -> None:
+    """Appends to `out` the device dtype of each leaf of `tree`, in _flatten's order: `dtypes` is
+    one dtype (or None) for the whole subtree, or a pytree of the same structure, its dicts
+    matched by key (as JAX matches a prefix tree), never by position."""
+    where = f" at {path}" if path else ""
+    if not isinstance(dtypes, (list, tuple, dict)):
+        leaves: list[Any] = []
+        _flatten(tree, leaves)
+        out.extend([dtypes] * len(leaves))
+        return
+    if isinstance(tree, dict):
+        if not isinstance(dtypes, dict):
+            raise InvalidArgumentError(
+                f"device_dtype{where} is a {type(dtypes).__name__} where the input has a dict: "
+                "give one dtype, or a dict with the same keys")
+        if set(dtypes) != set(tree):
+            missing = [k for k in tree if k not in dtypes]
+            extra = [k for k in dtypes if k not in tree]
+            raise InvalidArgumentError(
+                f"device_dtype{where} has other keys than the input: missing {missing}, "
+                f"unknown {extra}")
+        for key in tree:
+            _leaf_device_dtypes(tree[key], dtypes[key], out, f"{path}[{key!r}]")
+        return
+    if isinstance(tree, (list, tuple)):
+        if not isinstance(dtypes, (list, tuple)):
+            raise InvalidArgumentError(
+                f"device_dtype{where} is a dict where the input has a {type(tree).__name__}: "
+                "give one dtype, or a sequence of the same length")
+        if len(dtypes) != len(tree):
+            raise InvalidArgumentError(
+                f"device_dtype{where} has {len(dtypes)} {'entry' if len(dtypes) == 1 else 'entries'} "
+                f"for {len(tree)} arrays: give one dtype, or one per array in the same structure")
+        for index, (item, item_dtypes) in enumerate(zip(tree, dtypes)):
+            _leaf_device_dtypes(item, item_dtypes, out, f"{path}[{index}]")
+        return
+    raise InvalidArgumentError(
+        f"device_dtype{where} is a {type(dtypes).__name__} for one array: give one dtype")
+
+
 class Mesh:
     """Devices in an n-d grid with named axes; `devices` are listed in row-major grid order."""
 
@@ -507,8 +547,8 @@ def _array_sharding(self: Array) -> Sharding | None:
 
 
 def devices(backend: str | None = None) -> list[Device]:
-    """This process's devices of `backend` ("host", "opencl"), or of every backend that can start
-    here."""
+    """This process's devices of `backend` ("host", "opencl", "pjrt"), or of every backend that can
+    start here."""
     return _ferry.devices(backend)
 
 
@@ -550,7 +590,7 @@ def device_put(
     device_dtype: Any = None,
     semantics: str = "copy",
     memory_kind: str | None = None,
-) -> Array | list[Array]:
+) -> Any:
     """Puts `x` on `device`: one array, or every leaf of a pytree (nested lists, tuples and dicts
     of arrays, as JAX takes them) in one batched call, returned in the same structure.
 
@@ -578,16 +618,9 @@ def device_put(
         obj, override = _prepare(item, f"item {index}" if batched else "the array")
         objects.append(obj)
         overrides.append(override)
-    if isinstance(device_dtype, (list, tuple, dict)):
-        requested: list[Any] = []
-        _flatten(device_dtype, requested)
-        if len(requested) != len(items):
-            raise InvalidArgumentError(
-                f"device_dtype has {len(requested)} entries for {len(items)} arrays: give one "
-                "dtype, or one per array in the same structure")
-        names = [None if d is None else _dtype_name(d) for d in requested]
-    else:
-        names = [None if device_dtype is None else _dtype_name(device_dtype)] * len(items)
+    requested: list[Any] = []
+    _leaf_device_dtypes(x, device_dtype, requested, "")
+    names = [None if d is None else _dtype_name(d) for d in requested]
     if isinstance(device, Sharding):
         if batched:
             raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
@@ -815,7 +848,11 @@ def open_file(path: str | os.PathLike) -> TensorFile:
 
 
 def _dtype_kind(name: str) -> str:
-    """"float", "complex", "int" (signed or unsigned) or "bool", for a ferry dtype name."""
+    """"float", "complex", "int" (signed or unsigned) or "bool", for a ferry dtype name; the
+    storage-only float8 types are each a kind of their own (they convert to nothing else, so a
+    float request leaves them as they are)."""
+    if name.startswith("float8"):
+        return name
     if name.startswith(("float", "bfloat")):
         return "float"
     if name.startswith("complex"):
@@ -850,6 +887,10 @@ def load_file(
     on one, it raises the same error on every process.
     """
     if sharding is not None:
+        if device is not None:
+            raise InvalidArgumentError(
+                "load_file: give a device or a sharding, not both (the sharding's mesh names the "
+                "devices)")
         return _load_file_sharded(path, sharding, device_dtype, device_dtype_all)
     arrays = dict(open_file(path))
     if device is None and device_dtype is None:

@@ -235,6 +235,20 @@ def test_per_item_device_dtype_in_a_batch():
         ferry.device_put([x, x, x], device_dtype=["float32", None])
 
 
+def test_per_leaf_device_dtypes_match_dicts_by_key_not_by_order():
+    x = {"a": np.zeros(2), "b": np.zeros(3), "c": [np.zeros(1), np.zeros(4)]}
+    placed = ferry.device_put(x, device_dtype={"c": "float32", "b": "float16", "a": "bfloat16"})
+    assert placed["a"].device_dtype == "bfloat16"
+    assert placed["b"].device_dtype == "float16"
+    assert [leaf.device_dtype for leaf in placed["c"]] == ["float32", "float32"]  # a prefix
+    with pytest.raises(ferry.InvalidArgumentError, match=r"missing \['a', 'c'\], unknown \['x'\]"):
+        ferry.device_put(x, device_dtype={"x": "float16", "b": "float16"})
+    with pytest.raises(ferry.InvalidArgumentError, match=r"at \['c'\] has 1 entry for 2"):
+        ferry.device_put(x, device_dtype={"a": None, "b": None, "c": ["float32"]})
+    with pytest.raises(ferry.InvalidArgumentError, match="for one array"):
+        ferry.device_put(np.zeros(2), device_dtype=["float32"])
+
+
 def test_errors_name_the_cause_and_the_batch_index():
     good = np.ones(3)
     with pytest.raises(ferry.InvalidArgumentError, match=r"item 1: numpy dtype <U3 has no ferry"):

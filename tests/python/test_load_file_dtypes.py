@@ -34,3 +34,38 @@ def test_a_requested_device_dtype_leaves_other_kinds_alone(tmp_path):
     ints = ferry.load_file(path, "host:0", device_dtype="int32")
     assert ints["position_ids"].device_dtype == "int32"
     assert ints["weight"].device_dtype == "float32"
+
+
+def test_a_float_request_leaves_float8_tensors_of_an_fp8_checkpoint_as_they_are(tmp_path):
+    ml_dtypes = __import__("ml_dtypes")
+    tensors = {
+        "w8": np.array([1.0, -2.0, 0.5, 448.0], dtype=ml_dtypes.float8_e4m3fn),
+        "w32": np.array([1.5, -3.25], dtype=np.float32),
+    }
+    path = tmp_path / "fp8.safetensors"
+    ferry.save_file(tensors, path)
+    arrays = ferry.load_file(path, "host:0", device_dtype="bfloat16")
+    assert {name: a.device_dtype for name, a in arrays.items()} == {
+        "w8": "float8_e4m3fn", "w32": "bfloat16"}
+    np.testing.assert_array_equal(ferry.device_get(arrays["w8"]).view(np.uint8),
+                                  tensors["w8"].view(np.uint8))
+    np.testing.assert_array_equal(ferry.device_get(arrays["w32"]), tensors["w32"])
+    # Asked for every tensor, float8 still cannot convert: the refusal says why.
+    try:
+        ferry.load_file(path, "host:0", device_dtype="bfloat16", device_dtype_all=True)
+    except ferry.Error as error:
+        assert "storage-only" in str(error), error
+    else:
+        raise AssertionError("float8 -> bfloat16 was accepted")
+
+
+def test_a_device_and_a_sharding_together_are_refused(tmp_path):
+    path = tmp_path / "one.safetensors"
+    ferry.save_file({"w": np.ones((4, 2), np.float32)}, path)
+    mesh = ferry.Mesh(ferry.devices("host")[:1], (1,), ("x",))
+    try:
+        ferry.load_file(path, "host:0", sharding=ferry.shard_along(mesh, 0))
+    except ferry.InvalidArgumentError as error:
+        assert "not both" in str(error), error
+    else:
+        raise AssertionError("a device beside a sharding was silently ignored")
