@@ -36,6 +36,10 @@ check "bench where there is no ferry-bench is bad input" 1 "$work/alone/ferry" b
 expect_output "bench says how to get the benchmark" "this install has no benchmark" "$work/err"
 check "help where there is no ferry-bench" 0 "$work/alone/ferry" --help
 expect_output "help says there is no benchmark" "no benchmark" "$work/out"
+check "--shard-dim without --mesh is a usage error" 2 "$ferry" put x.safetensors --shard-dim 1
+check "a negative --shard-dim is a usage error" 2 "$ferry" put x.safetensors --mesh host:0 \
+  --shard-dim -1
+expect_output "the range is short" "not in range 0 to 2147483647" "$work/err"
 check "devices lists host:0" 0 "$ferry" devices
 expect_output "devices table" "host:0" "$work/out"
 

@@ -524,7 +524,8 @@ CommandRunner AddPutCommand(CLI::App& app) {
                    "With --mesh: the tensor dim split over the mesh (tensors of lower rank are "
                    "replicated)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()))
+      ->needs(mesh);
   command->add_option("--device-dtype", options->device_dtype,
                       "Store the tensors of this dtype's kind as this dtype (e.g. bfloat16: every "
                       "floating-point tensor; integer and bool tensors keep theirs)");
