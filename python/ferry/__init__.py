@@ -205,7 +205,8 @@ def _dtype_name(dtype: Any) -> str:
     try:
         numpy_dtype = np.dtype(dtype)
     except TypeError as error:
-        raise InvalidArgumentError(f"unknown dtype {dtype!r}") from error
+        raise InvalidArgumentError(
+            f"unknown dtype {dtype!r} (ferry's dtypes: {', '.join(_NUMPY_DTYPES)})") from error
     for name, candidate in _NUMPY_DTYPES.items():
         if candidate == numpy_dtype:
             return name
@@ -266,6 +267,8 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     _check_movable(x, where)
     x = _resolve_lazy_views(x)
     if isinstance(x, Array):
+        if x.is_deleted():
+            raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
         raise InvalidArgumentError(f"{where}: a ferry.Array: read it with device_get first")
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
             and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):

@@ -3,6 +3,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -81,7 +82,12 @@ absl::Span<const DType> AllDTypes() { return kAllDTypes; }
 
 StatusOr<DType> DTypeFromName(std::string_view name) {
   if (const DTypeInfo* info = FindBy(&DTypeInfo::name, name)) return info->dtype;
-  return InvalidArgumentError(absl::StrCat("unknown dtype name \"", AbslView(name), "\""));
+  std::string known;
+  for (DType dtype : kAllDTypes) {
+    absl::StrAppend(&known, known.empty() ? "" : ", ", AbslView(GetDTypeInfo(dtype).name));
+  }
+  return InvalidArgumentError(
+      absl::StrCat("unknown dtype name \"", AbslView(name), "\" (ferry's dtypes: ", known, ")"));
 }
 
 StatusOr<DType> DTypeFromNumpyDescr(std::string_view descr) {

@@ -115,6 +115,10 @@ TEST(DTypeTest, UnknownNamesAreInvalidArgumentNamingTheSpelling) {
     EXPECT_NE(dtype.status().message().find(absl::string_view(bad.data(), bad.size())),
               absl::string_view::npos)
         << dtype.status();
+    // ... and listing the names there are, so that a user sees the right spelling.
+    EXPECT_NE(dtype.status().message().find("ferry's dtypes: bool, "), absl::string_view::npos)
+        << dtype.status();
+    EXPECT_NE(dtype.status().message().find("bfloat16"), absl::string_view::npos);
   }
 }
 

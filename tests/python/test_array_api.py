@@ -267,6 +267,15 @@ def test_errors_name_sparse_and_meta_torch_tensors():
         ferry.device_put(torch.empty(3, device="meta"))
 
 
+def test_putting_a_deleted_ferry_array_says_it_is_deleted():
+    a = ferry.device_put(np.ones(3))
+    a.delete()
+    with pytest.raises(ferry.InvalidArgumentError, match="has been deleted"):
+        ferry.device_put(a)
+    with pytest.raises(ferry.InvalidArgumentError, match=r"unknown dtype 'bf16' \(ferry's dtypes: "):
+        ferry.device_put(np.ones(3), device_dtype="bf16")
+
+
 def test_errors_name_a_deleted_jax_array():
     jax = pytest.importorskip("jax", reason="jax is in the test extras")
     x = jax.numpy.arange(4.0)
