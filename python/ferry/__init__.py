@@ -611,14 +611,26 @@ def device_put(
     device's default); a put into a non-default space reads `x` before it returns, whatever the
     semantics.
     """
+    return _device_put(x, device, device_dtype, semantics, memory_kind)
+
+
+def _device_put(x: Any, device: Any, device_dtype: Any, semantics: str, memory_kind: str | None,
+                tensor_names: list[str] | None = None) -> Any:
+    """device_put; `tensor_names` (one per leaf) name the tensors in errors instead of their
+    index ("item 3"), as load_file names them by the file's names."""
     if semantics not in _SEMANTICS:
         raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
     items: list[Any] = []
     rebuild = _flatten(x, items)
     batched = not (len(items) == 1 and items[0] is x)
+    if tensor_names is not None:
+        labels = [f"tensor {name!r}" for name in tensor_names]
+    else:
+        tensor_names = [f"item {index}" for index in range(len(items))] if batched else None
+        labels = tensor_names if batched else ["the array"]
     objects, overrides = [], []
     for index, item in enumerate(items):
-        obj, override = _prepare(item, f"item {index}" if batched else "the array")
+        obj, override = _prepare(item, labels[index])
         objects.append(obj)
         overrides.append(override)
     requested: list[Any] = []
@@ -631,7 +643,7 @@ def device_put(
                                    memory_kind)
         return _with_sharding(array, device)
     arrays = _ferry.put_each(objects, overrides, _resolve_device(device), names, semantics,
-                             memory_kind)
+                             memory_kind, tensor_names)
     return rebuild(iter(arrays)) if batched else arrays[0]
 
 
@@ -908,7 +920,9 @@ def load_file(
         groups.setdefault(requested if applies else None, []).append(name)
     placed = {}
     for dtype, group in groups.items():  # one batched put per device dtype
-        for name, array in zip(group, device_put([arrays[n] for n in group], device, device_dtype=dtype)):
+        group_arrays = _device_put([arrays[n] for n in group], device, dtype, "copy", None,
+                                   tensor_names=group)
+        for name, array in zip(group, group_arrays):
             placed[name] = array
     return {name: placed[name] for name in names}
 

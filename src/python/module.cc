@@ -483,7 +483,7 @@ TransferToDeviceOptions MakeOptions(const std::string& semantics, size_t count,
 std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
     const std::vector<nb::object>& objects,
     const std::vector<std::optional<std::string>>& dtype_overrides, std::string_view what,
-    std::vector<bool>* read_only = nullptr) {
+    std::vector<bool>* read_only = nullptr, const std::vector<std::string>* names = nullptr) {
   std::vector<std::shared_ptr<const TensorSource>> sources;
   sources.reserve(objects.size());
   for (size_t i = 0; i < objects.size(); ++i) {
@@ -491,7 +491,9 @@ std::vector<std::shared_ptr<const TensorSource>> SourcesFromPython(
     if (i < dtype_overrides.size() && dtype_overrides[i].has_value()) {
       override_dtype = ParseDType(*dtype_overrides[i]);
     }
-    std::string name = objects.size() == 1 ? std::string(what) : fmt::format("{} {}", what, i);
+    std::string name = names != nullptr && i < names->size() ? (*names)[i]
+                       : objects.size() == 1                 ? std::string(what)
+                                                             : fmt::format("{} {}", what, i);
     bool source_read_only = false;
     sources.push_back(ValueOrThrow(
         SourceFromPython(objects[i], override_dtype, std::move(name), &source_read_only)));
@@ -562,7 +564,8 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
                            Device* device,
                            const std::vector<std::optional<std::string>>& device_dtypes,
                            const std::string& semantics_name,
-                           std::optional<std::string> memory_kind = std::nullopt) {
+                           std::optional<std::string> memory_kind = std::nullopt,
+                           std::optional<std::vector<std::string>> tensor_names = std::nullopt) {
   ApiScope api;
   if (device == nullptr) device = DeviceByName("host:0");
   CheckDeviceUsable(device);
@@ -576,7 +579,8 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
                                                      : std::nullopt);
   }
   std::vector<bool> read_only;
-  auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only);
+  auto sources = SourcesFromPython(objects, dtype_overrides, "array", &read_only,
+                                   tensor_names.has_value() ? &*tensor_names : nullptr);
   // A large "copy" put is started as an asynchronous one that this call then waits for,
   // interruptibly: Ctrl-C raises KeyboardInterrupt at once while the transfers finish in the
   // background (they hold their sources; the handles let go of the device memory when they are
@@ -947,7 +951,7 @@ NB_MODULE(_ferry, m) {
         nb::arg("device_dtype").none(), nb::arg("semantics"));
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
-        nb::arg("memory_kind").none() = nb::none());
+        nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
   m.def("get", &Get, nb::arg("arrays"));
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);
