@@ -281,9 +281,14 @@ def test_jax_plugins_entry_point_registers_ferry_when_asked():
 import numpy as np, jax, ferry.jax
 device = jax.devices("ferry")[0]
 out = np.asarray(jax.device_put(np.arange(12.0).reshape(3, 4).T, device))
-print(out.tolist() == np.arange(12.0).reshape(3, 4).T.tolist(), ferry.jax.counters()["puts_by_ferry"])
+counters = ferry.jax.counters()
+print(out.tolist() == np.arange(12.0).reshape(3, 4).T.tolist(),
+      counters["puts_by_ferry"] + counters["puts_by_plugin"])
 """
     result = run_python(program, timeout=120,
                         env={"FERRY_JAX_PLUGIN": "1", "FERRY_PJRT_WRAPPED_PLUGIN": WRAPPED})
     assert result.returncode == 0, result.stderr[-3000:]
+    # The put went through ferry's plugin entry. Which path it took inside depends on where JAX's
+    # contiguous copy of the transposed source landed: 64-byte aligned (1 run in 12 here), the
+    # wrapped plugin aliases it (puts_by_plugin); else ferry writes it (puts_by_ferry). CI saw both.
     assert result.stdout.split() == ["True", "1"], result.stdout
