@@ -6,6 +6,7 @@ their source alive exactly as long as they read it, and no GIL deadlocks. See do
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -346,6 +347,11 @@ class Mesh:
 
     def __init__(self, devices: Sequence[Device | str], shape: Sequence[int], axis_names: Sequence[str]):
         resolved = [_resolve_device(d) for d in devices]
+        needed = math.prod(int(n) for n in shape)
+        if 0 < len(resolved) < needed and all(d.name.startswith("host:") for d in resolved):
+            raise InvalidArgumentError(
+                f"mesh shape {[int(n) for n in shape]} needs {needed} devices, got "
+                f"{len(resolved)}: {_ferry._device_count_hint('host')}")
         self._mesh = _ferry._Mesh(resolved, [int(n) for n in shape], [str(a) for a in axis_names])
 
     @property

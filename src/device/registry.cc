@@ -75,4 +75,12 @@ StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
   return factory(options);
 }
 
+std::string DeviceCountHint(std::string_view backend) {
+  if (backend == "host") {
+    return "the host backend presents FERRY_HOST_DEVICES devices (1 by default; set it before "
+           "the first use)";
+  }
+  return std::string();
+}
+
 }  // namespace ferry

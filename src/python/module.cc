@@ -186,8 +186,10 @@ Device* DeviceByName(const std::string& name) {
   }
   auto devices = client->devices();
   if (index < 0 || index >= static_cast<int>(devices.size())) {
-    throw StatusError{absl::NotFoundError(fmt::format(
-        "device '{}' does not exist: backend {} has {} device(s)", name, backend, devices.size()))};
+    const std::string hint = DeviceCountHint(backend);
+    throw StatusError{absl::NotFoundError(
+        fmt::format("device '{}' does not exist: backend {} has {} device(s){}", name, backend,
+                    devices.size(), hint.empty() ? "" : "; " + hint))};
   }
   return devices[index];
 }
@@ -956,6 +958,7 @@ NB_MODULE(_ferry, m) {
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);
   m.def("metrics", [] { return MetricsSnapshot(); });
+  m.def("_device_count_hint", [](const std::string& backend) { return DeviceCountHint(backend); });
   m.def("metrics_report", [] { return MetricsReport(); });
   m.def("reset_metrics", [] { ResetMetrics(); });
   m.def("set_setting", [](const std::string& name, const std::string& value) {

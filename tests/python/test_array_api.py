@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import run_python
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -274,6 +275,25 @@ def test_putting_a_deleted_ferry_array_says_it_is_deleted():
         ferry.device_put(a)
     with pytest.raises(ferry.InvalidArgumentError, match=r"unknown dtype 'bf16' \(ferry's dtypes: "):
         ferry.device_put(np.ones(3), device_dtype="bf16")
+
+
+def test_too_few_host_devices_say_how_to_get_more():
+    # A fresh interpreter with the default single host device (this session has 8).
+    result = run_python("""
+import numpy as np, ferry
+for attempt in (lambda: ferry.Mesh(ferry.devices("host")[:4], (2, 2), ("rows", "cols")),
+                lambda: ferry.device_put(np.ones(2), "host:7")):
+    try:
+        attempt()
+    except ferry.Error as error:
+        print(type(error).__name__, "|", error)
+""", timeout=120, env={"FERRY_HOST_DEVICES": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    mesh_error, device_error = result.stdout.strip().splitlines()
+    assert mesh_error.startswith("InvalidArgumentError | mesh shape [2, 2] needs 4 devices, got 1")
+    assert "FERRY_HOST_DEVICES" in mesh_error, mesh_error
+    assert "host has 1 device(s); the host backend presents FERRY_HOST_DEVICES" in device_error, \
+        device_error
 
 
 def test_errors_name_a_deleted_jax_array():

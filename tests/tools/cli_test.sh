@@ -40,6 +40,9 @@ check "--shard-dim without --mesh is a usage error" 2 "$ferry" put x.safetensors
 check "a negative --shard-dim is a usage error" 2 "$ferry" put x.safetensors --mesh host:0 \
   --shard-dim -1
 expect_output "the range is short" "not in range 0 to 2147483647" "$work/err"
+check "a host device beyond the count" 1 "$ferry" put x.safetensors --device host:3
+expect_output "says how the host device count is set" "host has 1 device(s); .*FERRY_HOST_DEVICES" \
+  "$work/err"
 check "devices lists host:0" 0 "$ferry" devices
 expect_output "devices table" "host:0" "$work/out"
 

@@ -80,8 +80,10 @@ StatusOr<Device*> DeviceSet::Find(std::string_view name) {
   FERRY_ASSIGN_OR_RETURN(Client * client, GetClient(backend));
   auto devices = client->devices();
   if (index < 0 || index >= static_cast<int>(devices.size())) {
-    return absl::NotFoundError(fmt::format("device '{}' does not exist: {} has {} device(s)", name,
-                                           backend, devices.size()));
+    const std::string hint = DeviceCountHint(backend);
+    return absl::NotFoundError(fmt::format("device '{}' does not exist: {} has {} device(s){}",
+                                           name, backend, devices.size(),
+                                           hint.empty() ? "" : "; " + hint));
   }
   return devices[index];
 }

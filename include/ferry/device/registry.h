@@ -65,4 +65,8 @@ std::vector<std::string> RegisteredBackends();
 StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
                                                const ClientOptions& options = {});
 
+// For a message about too few devices: how `backend`'s device count is chosen, as a sentence
+// ("the host backend presents FERRY_HOST_DEVICES devices, ..."); empty where the hardware decides.
+std::string DeviceCountHint(std::string_view backend);
+
 }  // namespace ferry
