@@ -123,36 +123,38 @@ void Metric::Reset() {
   window_.clear();
 }
 
+// The entry named `name` of one of the registry's maps, created from `args` on first use; a name
+// asked for again with other arguments (another unit) keeps the entry it was created with.
+namespace {
+
+template <typename Entry, typename... Args>
+Entry* FindOrCreate(std::map<std::string, std::unique_ptr<Entry>, std::less<>>& entries,
+                    std::string_view name, Args... args) {
+  auto it = entries.find(name);
+  if (it == entries.end()) {
+    it = entries.emplace(std::string(name), std::make_unique<Entry>(args...)).first;
+  }
+  return it->second.get();
+}
+
+}  // namespace
+
 Counter* GetCounter(std::string_view name) {
   Registry& registry = GetRegistry();
   MutexLock lock(registry.mutex);
-  auto it = registry.counters.find(name);
-  if (it == registry.counters.end()) {
-    it = registry.counters.emplace(std::string(name), std::make_unique<Counter>()).first;
-  }
-  return it->second.get();
+  return FindOrCreate(registry.counters, name);
 }
 
-// A name asked for again with another unit keeps the unit it was created with.
 Metric* GetMetric(std::string_view name, MetricUnit unit) {
   Registry& registry = GetRegistry();
   MutexLock lock(registry.mutex);
-  auto it = registry.metrics.find(name);
-  if (it == registry.metrics.end()) {
-    it = registry.metrics.emplace(std::string(name), std::make_unique<Metric>(unit)).first;
-  }
-  return it->second.get();
+  return FindOrCreate(registry.metrics, name, unit);
 }
 
-// A name asked for again with another unit keeps the unit it was created with.
 Gauge* GetGauge(std::string_view name, MetricUnit unit) {
   Registry& registry = GetRegistry();
   MutexLock lock(registry.mutex);
-  auto it = registry.gauges.find(name);
-  if (it == registry.gauges.end()) {
-    it = registry.gauges.emplace(std::string(name), std::make_unique<Gauge>(unit)).first;
-  }
-  return it->second.get();
+  return FindOrCreate(registry.gauges, name, unit);
 }
 
 std::string MetricsReport() {
