@@ -8,6 +8,9 @@ shift || true
 jobs=${FERRY_JOBS:-2}
 # shellcheck source=compiler_cache.sh
 source "$root/scripts/compiler_cache.sh"
+# The build requirements in .venv (the PJRT C API header among them: without it the configure
+# fails rather than leave the pjrt backend out). Cheap when they are there.
+"$root/scripts/python_env.sh" --build >/dev/null
 
 case "$flavour" in
   plain) flags=(-DCMAKE_BUILD_TYPE=Release) ;;
@@ -21,7 +24,7 @@ case "$flavour" in
 esac
 
 build_dir="$root/build/$flavour"
-if [[ ! -f "$build_dir/build.ninja" ]]; then
-  cmake -S "$root" -B "$build_dir" -G Ninja -DFERRY_WERROR=ON "${flags[@]}" >/dev/null
-fi
+# Configured every time (seconds): the configure looks for what the environment has now (the PJRT
+# header, MPI, OpenCL's headers) and never keeps an answer from before the environment existed.
+cmake -S "$root" -B "$build_dir" -G Ninja -DFERRY_WERROR=ON "${flags[@]}" >/dev/null
 cmake --build "$build_dir" -j "$jobs" ${1:+--target "$@"}

@@ -1,39 +1,59 @@
 #!/usr/bin/env bash
-# Creates (once) the project's virtual environment in .venv and installs the pinned Python
-# dependencies of pyproject.toml's `test` extra plus the build tools. Idempotent: it reinstalls
-# only when pyproject.toml changed. Prints the venv's python path on its last line.
+# Creates (once) the project's virtual environment in .venv and installs into it:
+# - with --build: the build requirements only (pyproject.toml's [build-system].requires, with the
+#   PJRT C API header's wheel, plus ninja and cmake, and [tool.ferry].wheel-tools): what a CMake
+#   build of ferry or its wheel needs, and all that scripts/build.sh (and so scripts/run.sh) asks
+#   for;
+# - by default: those and the pinned `test` extra (torch, jax, the PJRT plugins, pytest, mpi4py).
+# Idempotent: it installs only when pyproject.toml changed since the last install of that kind.
+# Prints the venv's python path on its last line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv"
 python=${FERRY_PYTHON:-python3}
+mode=full
+if [[ ${1:-} == --build ]]; then mode=build; fi
 
 if [[ ! -x "$venv/bin/python" ]]; then
   "$python" -m venv "$venv" >&2
 fi
-stamp="$venv/.ferry-deps"
 wanted=$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$wanted" ]]; then
-  echo "python_env: installing the pinned Python dependencies into .venv" >&2
-  "$venv/bin/python" - "$root/pyproject.toml" > "$venv/requirements.txt" <<'PY'
+requirements() {  # the requirements of a kind (build or full), one a line
+  "$venv/bin/python" - "$root/pyproject.toml" "$1" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)
-for requirement in project["build-system"]["requires"] + project["project"]["optional-dependencies"]["test"]:
+wanted = list(project["build-system"]["requires"]) + project["tool"]["ferry"]["wheel-tools"]
+if sys.argv[2] == "full":
+    wanted += project["project"]["optional-dependencies"]["test"]
+for requirement in wanted:
     print(requirement)
 PY
+}
+install_kind() {  # installs a kind's requirements unless its stamp says they are there
+  local kind=$1 stamp="$venv/.ferry-deps-$1"
+  if [[ -f $stamp && "$(cat "$stamp")" == "$wanted" ]]; then return; fi
+  echo "python_env: installing the pinned Python dependencies ($kind) into .venv" >&2
+  requirements "$kind" > "$venv/requirements-$kind.txt"
   # mpi4py is installed below, only where an MPI compiler is.
-  grep -v '^mpi4py==' "$venv/requirements.txt" > "$venv/requirements-no-mpi.txt" || true
+  grep -v '^mpi4py==' "$venv/requirements-$kind.txt" > "$venv/requirements-$kind-no-mpi.txt" || true
   "$venv/bin/pip" install -q --disable-pip-version-check ninja cmake \
-    -r "$venv/requirements-no-mpi.txt" >&2
+    -r "$venv/requirements-$kind-no-mpi.txt" >&2
   echo "$wanted" > "$stamp"
+}
+install_kind build
+if [[ $mode == build ]]; then
+  echo "$venv/bin/python"
+  exit 0
 fi
+install_kind full
 # mpi4py (the interop test) is compiled against the MPI that ferry links (mpicc: Debian's MPICH):
 # PyPI's wheel needs libmpi.so.12, a name Debian's MPICH does not provide (libmpich.so.12). At -O0
 # the build takes under a minute here (at -O3 several); it carries only the test's few calls.
 # Rebuilt when missing, of another version, or unable to load; skipped without mpicc (the test
 # then skips).
 mpicc=${MPICC:-mpicc}
-mpi4py=$(grep '^mpi4py==' "$venv/requirements.txt" || true)
+mpi4py=$(requirements full | grep '^mpi4py==' || true)
 if [[ -n $mpi4py ]] && command -v "$mpicc" >/dev/null &&
   ! "$venv/bin/python" - "${mpi4py#mpi4py==}" 2>/dev/null <<'PY'
 import sys, mpi4py

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README and CI run it: installs what it needs, builds, then runs the
-# C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder), then builds and
-# installs the Python package into .venv and runs its pytest suite.
+# C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder), then builds the
+# binary wheel, checks it in a fresh venv, installs it into .venv and runs the pytest suite.
+# In CI (CI=true) every backend must start (host, opencl, pjrt at API 0.81 and 0.115, the plugin):
+# a test that needs one that cannot fails with the reason instead of skipping
+# (tests/required_backends.h, tests/python/conftest.py; FERRY_REQUIRE_ALL_BACKENDS overrides).
+# Each stage prints its time at the end.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -13,6 +17,19 @@ python=$("$root/scripts/python_env.sh" | tail -n 1)
 # shellcheck source=compiler_cache.sh
 source "$root/scripts/compiler_cache.sh"
 
+# Each stage's time, printed at the end (the README's budget: well under 30 minutes warm).
+stage_times=()
+stage_name=""
+stage_start=$SECONDS
+stage() {
+  if [[ -n $stage_name ]]; then
+    stage_times+=("$(printf '%6ds  %s' $((SECONDS - stage_start)) "$stage_name")")
+  fi
+  stage_name=$1
+  stage_start=$SECONDS
+  if [[ -n $1 ]]; then echo "=== $1 ==="; fi
+}
+
 run_ctest() {
   local flavour=$1
   shift
@@ -20,10 +37,10 @@ run_ctest() {
   ctest --test-dir "build/$flavour" --output-on-failure -j "${FERRY_JOBS:-2}" "$@"
 }
 
-echo "=== clang-format (the repository's .clang-format) ==="
+stage "clang-format (the repository's .clang-format)"
 git -C "$root" ls-files '*.cc' '*.h' | (cd "$root" && xargs clang-format --dry-run --Werror)
 
-echo "=== clang -Wthread-safety (the library, compile only) ==="
+stage "clang -Wthread-safety (the library, compile only)"
 # What each mutex guards is declared with ABSL_GUARDED_BY (src/core/mutex.h); clang checks it. A
 # Debug (-O0) build of the library alone, no tests: about 7 CPU minutes (3-4 on 2 cores).
 if [[ ! -f build/thread-safety/build.ninja ]]; then
@@ -33,15 +50,15 @@ if [[ ! -f build/thread-safety/build.ninja ]]; then
 fi
 cmake --build build/thread-safety -j "${FERRY_JOBS:-2}" --target ferry
 
-echo "=== build (plain) ==="
+stage "build (plain)"
 scripts/build.sh plain
 run_ctest plain
-echo "=== README example ==="
+stage "README example"
 build/plain/ferry_quickstart
-echo "=== CMake package: cmake --install, find_package(ferry), add_subdirectory ==="
+stage "CMake package: cmake --install, find_package(ferry), add_subdirectory"
 scripts/test_cmake_package.sh build/plain
 
-echo "=== build (asan) ==="
+stage "build (asan)"
 scripts/build.sh asan
 # The exhaustive 2^32 conversion sweep is too slow under sanitizers; the plain run covers it.
 # intercept_tls_get_addr=0: GCC 12's sanitizer runtime takes a dynamic TLS block whose address
@@ -52,7 +69,7 @@ scripts/build.sh asan
 ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest asan -LE exhaustive
 
-echo "=== build (tsan) ==="
+stage "build (tsan)"
 scripts/build.sh tsan
 # The PJRT plugins are prebuilt without TSan: reports inside them are suppressed (the file says
 # why). UCX_MEM_EVENTS=no: MPICH (linked into ferry) loads UCX, whose libucm hooks madvise; under
@@ -61,13 +78,25 @@ scripts/build.sh tsan
 UCX_MEM_EVENTS=no TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan_suppressions.txt" \
   run_ctest tsan -LE exhaustive
 
-echo "=== Python package (pip install . into .venv) and pytest ==="
-CMAKE_BUILD_PARALLEL_LEVEL=${FERRY_JOBS:-2} "$python" -m pip install -q --no-build-isolation \
-  --no-deps --disable-pip-version-check "$root"
+stage "binary wheel: pip wheel (build isolation on), auditwheel repair"
+# The wheel a user gets: built as a plain `pip install <clone>` builds (the build requirements from
+# the package index, not from .venv), then made self-contained (MPI excepted).
+wheel=$(scripts/build_wheel.sh | tail -n 1)
+stage "the wheel in a fresh venv (compilers, headers and MPI hidden)"
+tests/wheel/check_wheel.sh "$wheel"
+
+stage "Python package (the same wheel installed into .venv) and pytest"
+# An install from before the distribution was renamed (ferry -> ferry-tensors) would shadow it.
+"$python" -m pip uninstall -q -y --disable-pip-version-check ferry >/dev/null 2>&1 || true
+"$python" -m pip install -q --no-deps --force-reinstall --disable-pip-version-check "$wheel"
 # The `ferry` command that pip put beside the interpreter runs the package's program.
 "$(dirname "$python")/ferry" --version
 # FERRY_BENCH: the bench's --peers run is tested end to end too (tests/python/test_bench_peers.py).
 (cd "$root/tests/python" &&
   FERRY_BENCH="$root/build/plain/ferry-bench" "$python" -m pytest -q -p no:cacheprovider)
 
+stage ""
+echo "=== stage times ==="
+printf '%s\n' "${stage_times[@]}"
+echo "$(printf '%6ds' "$SECONDS")  in all"
 echo "=== all test suites passed ==="

@@ -29,14 +29,14 @@ PLATFORM = "ferry"
 def plugin_path() -> str:
     """The path of ``ferry_pjrt_plugin.so``: ``FERRY_PJRT_PLUGIN_LIBRARY`` if set, else the copy
     installed next to this package. Raises ferry.UnavailableError when there is none (ferry was
-    built without the PJRT C API header)."""
+    built with FERRY_PJRT=OFF)."""
     path = os.environ.get("FERRY_PJRT_PLUGIN_LIBRARY") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "ferry_pjrt_plugin.so"
     )
     if not os.path.isfile(path):
         raise UnavailableError(
-            f"ferry's PJRT plugin is not at {path}: ferry was built without the PJRT C API header "
-            "(pip install xla-cpu-pjrt before building), or set FERRY_PJRT_PLUGIN_LIBRARY"
+            f"ferry's PJRT plugin is not at {path}: this ferry was built with FERRY_PJRT=OFF "
+            "(reinstall it without that option), or set FERRY_PJRT_PLUGIN_LIBRARY"
         )
     return path
 

@@ -306,3 +306,15 @@ void FinalizeIfMpi(ProcessGroup& group) {
 }
 
 }  // namespace ferry::distributed::internal
+
+#ifdef FERRY_MPI_MODULE
+// Built as libferry_mpi.so (with hidden visibility: the two functions above bind inside the
+// module, never to the loader's functions of the same names in libferry.so).
+extern "C" __attribute__((visibility("default"))) const ferry::distributed::internal::MpiModule*
+FerryMpiModule() {
+  namespace internal = ferry::distributed::internal;
+  static const internal::MpiModule module{internal::kMpiModuleVersion,
+                                          &internal::MakeMpiProcessGroup, &internal::FinalizeIfMpi};
+  return &module;
+}
+#endif

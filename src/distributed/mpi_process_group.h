@@ -1,5 +1,11 @@
-// The MPI process group (mpi_process_group.cc when ferry is built with MPI, mpi_unavailable.cc
-// otherwise). Internal: reached through distributed::Initialize().
+// The MPI process group. Internal: reached through distributed::Initialize(). Where it comes from:
+// - a static ferry built with MPI: mpi_process_group.cc, linked in (the program links MPI);
+// - the shared runtime (libferry.so, FERRY_SHARED_RUNTIME: what pip installs): the same file built
+//   as a module of its own, libferry_mpi.so, which mpi_module_loader.cc opens beside libferry.so on
+//   the first MPI group. libferry.so never needs an MPI library itself, so `import ferry` works on
+//   a machine without MPI, and the MPI a process uses is always the system's (never a second copy
+//   in the package, which would break mpiexec and mpi4py);
+// - ferry built without MPI: mpi_unavailable.cc.
 #pragma once
 
 #include <memory>
@@ -18,5 +24,16 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeMpiProcessGroup();
 // MPI_Finalize if `group` is an MPI group that initialised MPI itself and is not broken (a broken
 // group's peers may be gone, and finalizing would wait for them). Does nothing otherwise.
 void FinalizeIfMpi(ProcessGroup& group);
+
+// What libferry_mpi.so hands the loader (its one exported symbol, `FerryMpiModule`, returns it):
+// the two functions above, built inside the module. Both sides are built from one source tree in
+// one build, so the table is checked by its version alone.
+struct MpiModule {
+  int version;
+  StatusOr<std::unique_ptr<ProcessGroup>> (*make_group)();
+  void (*finalize_if_mpi)(ProcessGroup&);
+};
+inline constexpr int kMpiModuleVersion = 1;
+inline constexpr char kMpiModuleEntry[] = "FerryMpiModule";
 
 }  // namespace ferry::distributed::internal

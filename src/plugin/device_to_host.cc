@@ -110,7 +110,7 @@ PJRT_Event* CompleteReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
 }
 
 PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
-  Counters().reads_by_plugin.fetch_add(1, std::memory_order_relaxed);
+  CountTransferPath(TransferPath::kReadByPlugin);
   return api.PJRT_Buffer_ToHostBuffer(args);
 }
 
@@ -121,7 +121,7 @@ PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (args->dst_size < static_cast<size_t>(size_bytes)) {
-    Counters().refused.fetch_add(1, std::memory_order_relaxed);
+    CountTransferPath(TransferPath::kRefused);
     return MakeError(InvalidArgumentError(
         fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
                     args->dst_size, size_bytes)));
@@ -143,7 +143,7 @@ PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
     }
   }
   // The copy is done: the (complete) ready event is the read's event.
-  Counters().reads_by_ferry.fetch_add(1, std::memory_order_relaxed);
+  CountTransferPath(TransferPath::kReadByFerry);
   args->event = ready;
   return nullptr;
 }

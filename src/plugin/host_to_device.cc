@@ -178,7 +178,7 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
   const PJRT_Api& api = (*plugin)->wrapped();
   int64_t num_elements = 0;
   if (Status status = Check(*args, num_elements); !status.ok()) {
-    Counters().refused.fetch_add(1, std::memory_order_relaxed);
+    CountTransferPath(TransferPath::kRefused);
     return MakeError(status);
   }
 
@@ -199,12 +199,12 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
         if (Status status = WriteAndView(**plugin, *args, *dtype, *memory); !status.ok()) {
           return MakeError(status);
         }
-        Counters().puts_by_ferry.fetch_add(1, std::memory_order_relaxed);
+        CountTransferPath(TransferPath::kPutByFerry);
         return nullptr;
       }
     }
   }
-  Counters().puts_by_plugin.fetch_add(1, std::memory_order_relaxed);
+  CountTransferPath(TransferPath::kPutByPlugin);
   if (args->data != nullptr) return api.PJRT_Client_BufferFromHostBuffer(args);
   // An empty array with null data: the plugins dereference it, so they get a valid pointer for
   // the call; the caller's args are left as they were.

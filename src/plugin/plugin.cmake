@@ -9,12 +9,16 @@ add_library(ferry_pjrt_plugin MODULE
   src/plugin/plugin_types.cc
   src/plugin/wrapped_plugin.cc
 )
-set_target_properties(ferry_pjrt_plugin PROPERTIES PREFIX "" OUTPUT_NAME ferry_pjrt_plugin)
+set_target_properties(ferry_pjrt_plugin PROPERTIES PREFIX "" OUTPUT_NAME ferry_pjrt_plugin
+                      INSTALL_RPATH "$ORIGIN")
 target_include_directories(ferry_pjrt_plugin PRIVATE ${PROJECT_SOURCE_DIR})
-target_include_directories(ferry_pjrt_plugin SYSTEM PRIVATE "${FERRY_PJRT_C_API_INCLUDE_DIR}")
+target_include_directories(ferry_pjrt_plugin SYSTEM PRIVATE "${FERRY_PJRT_INCLUDE_DIR}")
 target_link_libraries(ferry_pjrt_plugin PRIVATE ferry ferry_build_options ${CMAKE_DL_LIBS})
-# Only GetPjrtApi is exported: the copy of ferry (and abseil, fmt) inside the plugin stays private,
-# so it never interposes on the copy in ferry's Python module or in the process.
+# Only GetPjrtApi (and the counters) are exported. With the shared runtime (pip builds) the plugin
+# links libferry.so, found beside it (RUNPATH $ORIGIN): the Python module and the plugin share one
+# ferry, and a framework that loads the plugin alone (JAX, torch_xla) gets that ferry with it.
+# With the static library, the copy of ferry inside the plugin stays private, so it never
+# interposes on another copy in the process.
 target_link_options(ferry_pjrt_plugin PRIVATE
   "LINKER:--version-script=${PROJECT_SOURCE_DIR}/src/plugin/exports.map")
 set_property(TARGET ferry_pjrt_plugin APPEND PROPERTY LINK_DEPENDS
@@ -30,7 +34,7 @@ if(FERRY_BUILD_TESTS)
   include(GoogleTest)
   add_executable(ferry_plugin_tests tests/plugin/ferry_pjrt_plugin_test.cc)
   target_include_directories(ferry_plugin_tests PRIVATE ${PROJECT_SOURCE_DIR})
-  target_include_directories(ferry_plugin_tests SYSTEM PRIVATE "${FERRY_PJRT_C_API_INCLUDE_DIR}")
+  target_include_directories(ferry_plugin_tests SYSTEM PRIVATE "${FERRY_PJRT_INCLUDE_DIR}")
   target_link_libraries(ferry_plugin_tests PRIVATE ferry ferry_build_options GTest::gtest
                                                    GTest::gtest_main ${CMAKE_DL_LIBS})
   target_compile_definitions(ferry_plugin_tests PRIVATE

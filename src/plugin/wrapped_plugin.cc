@@ -10,6 +10,7 @@
 #include <system_error>
 #include <thread>
 
+#include "ferry/core/metrics.h"
 #include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "src/device/pjrt/pjrt_runtime.h"
@@ -62,6 +63,25 @@ PJRT_Error* InitializeAlreadyDone(PJRT_Plugin_Initialize_Args* /*args*/) {
 PathCounters& Counters() {
   static auto* counters = new PathCounters();
   return *counters;
+}
+
+void CountTransferPath(TransferPath path) {
+  struct Entry {
+    std::atomic<int64_t>& own;
+    Counter* metric;
+  };
+  PathCounters& counters = Counters();
+  // The metrics are looked up once (GetCounter takes the registry's lock); indexed by path.
+  static const Entry* entries = new Entry[]{
+      {counters.puts_by_ferry, GetCounter("PjrtPluginPutsByFerry")},
+      {counters.puts_by_plugin, GetCounter("PjrtPluginPutsByPlugin")},
+      {counters.reads_by_ferry, GetCounter("PjrtPluginReadsByFerry")},
+      {counters.reads_by_plugin, GetCounter("PjrtPluginReadsByPlugin")},
+      {counters.refused, GetCounter("PjrtPluginRefusedCalls")},
+  };
+  const Entry& entry = entries[static_cast<int>(path)];
+  entry.own.fetch_add(1, std::memory_order_relaxed);
+  entry.metric->Add();
 }
 
 StatusOr<WrappedPlugin*> WrappedPlugin::Get() {

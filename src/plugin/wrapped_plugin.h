@@ -40,6 +40,12 @@ struct PathCounters {
   std::atomic<int64_t> refused{0};          // bad input answered with an error
 };
 PathCounters& Counters();
+// Counts one call of a transfer entry by the path it took: in Counters() and in ferry's metrics
+// (PjrtPluginPutsByFerry, PjrtPluginPutsByPlugin, PjrtPluginReadsByFerry,
+// PjrtPluginReadsByPlugin, PjrtPluginRefusedCalls), which a process that also imports ferry sees
+// in ferry.metrics(): the plugin and the Python module share one ferry runtime (libferry.so).
+enum class TransferPath { kPutByFerry, kPutByPlugin, kReadByFerry, kReadByPlugin, kRefused };
+void CountTransferPath(TransferPath path);
 
 class WrappedPlugin {
  public:

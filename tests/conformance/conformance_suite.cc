@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "ferry/core/convert.h"
+#include "tests/required_backends.h"
 
 namespace ferry::conformance {
 namespace {
@@ -80,10 +81,15 @@ void ConformanceTest::SetUp() {
     GTEST_SKIP() << "backend '" << backend().name << "' skips this test: " << skip->second;
   }
 
+  if (!backend().skip_all.empty()) {
+    GTEST_SKIP() << "backend '" << backend().name
+                 << "' skips the suite here: " << backend().skip_all;
+  }
   StatusOr<std::unique_ptr<Client>> client = MakeClient(ClientOptions{});
   if (absl::IsUnavailable(client.status())) {
-    GTEST_SKIP() << "backend '" << backend().name
-                 << "' is unavailable on this machine: " << client.status().message();
+    FERRY_SKIP_OR_FAIL_UNAVAILABLE(
+        "backend '" + backend().name +
+        "' is unavailable on this machine: " + std::string(client.status().message()));
   }
   ASSERT_TRUE(client.ok()) << client.status();
   ASSERT_NE(*client, nullptr);

@@ -63,7 +63,8 @@ struct ConformanceBackend {
   // A second registration of the same backend under other options ("plugin_paths"): the test
   // names end in "<name>_<variant>"; empty for the backend's own registration.
   std::string variant = {};
-  // Creates a client. Unavailable means "cannot run on this machine": every test skips.
+  // Creates a client. Unavailable means "cannot run on this machine": every test skips, or fails
+  // in CI, where every backend is required (tests/required_backends.h).
   std::function<StatusOr<std::unique_ptr<Client>>(const ClientOptions&)> make_client;
 
   // Capability tags: a test that needs a behaviour the backend does not have skips.
@@ -78,6 +79,10 @@ struct ConformanceBackend {
 
   // "<Suite>.<Test>" (without the backend suffix) -> why the backend skips it.
   std::map<std::string, std::string> skipped_tests;
+  // Non-empty: why every test of this registration skips in this build (a choice, such as a path
+  // too slow under a sanitizer), as opposed to a backend that is unavailable on this machine,
+  // which fails in CI (tests/required_backends.h).
+  std::string skip_all = {};
 };
 
 // Adds `backend` to the suite. Call it from a static initialiser; returns true so that it can

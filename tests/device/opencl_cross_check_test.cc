@@ -27,6 +27,7 @@
 #include "src/device/opencl/opencl_client.h"
 #include "src/device/opencl/opencl_status.h"
 #include "src/device/opencl/opencl_transfer.h"
+#include "tests/required_backends.h"
 
 namespace ferry {
 namespace {
@@ -162,8 +163,8 @@ class OpenClCrossCheckTest : public testing::Test {
     trace_.emplace(__FILE__, __LINE__, absl::StrFormat("FERRY_CROSS_CHECK_SEED=%d", seed_));
     StatusOr<std::unique_ptr<Client>> opencl = CreateClient("opencl");
     if (absl::IsUnavailable(opencl.status())) {
-      GTEST_SKIP() << "the opencl backend is unavailable on this machine: "
-                   << opencl.status().message();
+      FERRY_SKIP_OR_FAIL_UNAVAILABLE("the opencl backend is unavailable on this machine: " +
+                                     std::string(opencl.status().message()));
     }
     ASSERT_TRUE(opencl.ok()) << opencl.status();
     opencl_ = *std::move(opencl);

@@ -20,6 +20,7 @@
 #if FERRY_HAVE_PJRT
 #include "pjrt_c_api.h"
 #include "src/device/pjrt/pjrt_client.h"
+#include "tests/required_backends.h"
 #endif
 
 namespace ferry {
@@ -29,12 +30,13 @@ using ::testing::HasSubstr;
 
 // A pjrt client, or a skip with the reason (no plugin installed, or ferry built without the
 // header).
-#define PJRT_CLIENT_OR_SKIP(var, options)                                    \
-  auto var##_or = CreateClient("pjrt", options);                             \
-  if (absl::IsUnavailable(var##_or.status())) {                              \
-    GTEST_SKIP() << "no pjrt backend here: " << var##_or.status().message(); \
-  }                                                                          \
-  ASSERT_TRUE(var##_or.ok()) << var##_or.status();                           \
+#define PJRT_CLIENT_OR_SKIP(var, options)                                     \
+  auto var##_or = CreateClient("pjrt", options);                              \
+  if (absl::IsUnavailable(var##_or.status())) {                               \
+    FERRY_SKIP_OR_FAIL_UNAVAILABLE("no pjrt backend here: " +                 \
+                                   std::string(var##_or.status().message())); \
+  }                                                                           \
+  ASSERT_TRUE(var##_or.ok()) << var##_or.status();                            \
   std::unique_ptr<Client> var = std::move(var##_or).value()
 
 // The path choices to test: direct host access, and the plugin's own entries (as on a GPU). Under

@@ -17,6 +17,7 @@
 #include "pjrt_c_api.h"
 #include "src/device/pjrt/pjrt_library.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "tests/required_backends.h"
 
 namespace ferry {
 namespace {
@@ -141,7 +142,9 @@ void SetRaw(Enum& field, std::underlying_type_t<Enum> value) {
 class FerryPjrtPluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (Wrapped() == nullptr) GTEST_SKIP() << "no PJRT plugin installed (pip install xla-cpu-pjrt)";
+    if (Wrapped() == nullptr) {
+      FERRY_SKIP_OR_FAIL_UNAVAILABLE("no PJRT plugin installed (pip install xla-cpu-pjrt)");
+    }
     ASSERT_NE(FerryTable(), nullptr)
         << "cannot load " << FERRY_PJRT_PLUGIN_PATH << ": " << dlerror();
   }

@@ -12,6 +12,26 @@ os.environ.setdefault("FERRY_HOST_DEVICES", "8")
 import ferry  # noqa: E402
 
 
+def all_backends_required() -> bool:
+    """In CI (CI=true, or FERRY_REQUIRE_ALL_BACKENDS=1) every backend, the PJRT plugins and
+    ferry's own plugin must start: a test that needs one that cannot fails with the reason instead
+    of skipping (FERRY_REQUIRE_ALL_BACKENDS=0 turns this off). tests/required_backends.h is the
+    C++ side of the same rule."""
+    required = os.environ.get("FERRY_REQUIRE_ALL_BACKENDS", "")
+    if required:
+        return required != "0"
+    return os.environ.get("CI") == "true"
+
+
+def skip_or_fail_unavailable(reason: str, allow_module_level: bool = False):
+    """Skips with `reason`, or fails with it where every backend is required."""
+    if all_backends_required():
+        pytest.fail(f"{reason} [every backend is required here (CI=true or "
+                    "FERRY_REQUIRE_ALL_BACKENDS=1): install what it needs, or set "
+                    "FERRY_REQUIRE_ALL_BACKENDS=0 to skip]", pytrace=False)
+    pytest.skip(reason, allow_module_level=allow_module_level)
+
+
 def _device_names():
     names = ["host:0"]
     try:

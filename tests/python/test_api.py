@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import skip_or_fail_unavailable
 
 
 def test_devices_and_device_lookup():
@@ -220,7 +221,7 @@ def test_dlpack_export_says_where_the_memory_is_or_why_it_cannot():
     try:
         opencl = ferry.devices("opencl")[0]
     except ferry.Error as error:
-        pytest.skip(f"no opencl device on this machine: {error}")
+        skip_or_fail_unavailable(f"no opencl device on this machine: {error}")
     b = ferry.device_put(np.arange(8, dtype=np.float32), opencl)
     # OpenCL memory has no address a consumer could read (a cl_mem is not a pointer).
     with pytest.raises(ferry.UnimplementedError, match="no address"):

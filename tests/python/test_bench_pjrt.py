@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import skip_or_fail_unavailable
+
 SIZE = "0.002"
 REPEATS = 5
 # The cases with a plugin path, and what that path must be.
@@ -46,7 +48,7 @@ def test_ferry_bench_on_pjrt_times_the_plugins_own_path(tmp_path):
     run, result_file = run_bench(tmp_path, "pjrt:0", cases)
     if run.returncode != 0 and "cannot start backend 'pjrt'" in run.stderr:
         assert "UNAVAILABLE" in run.stderr, run.stderr  # any other failure to start is a bug
-        pytest.skip(f"the pjrt backend is unavailable: {run.stderr.strip()}")
+        skip_or_fail_unavailable(f"the pjrt backend is unavailable: {run.stderr.strip()}")
     assert run.returncode == 0, run.stdout + run.stderr
     rows = {row["case"]: row for row in json.loads(result_file.read_text())["results"]}
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import DEVICE_NAMES, run_python
+from conftest import DEVICE_NAMES, run_python, skip_or_fail_unavailable
 
 SCENARIO = """
 import sys
@@ -208,7 +208,7 @@ def test_a_small_widening_copy_put_releases_the_gil_while_it_waits_for_staging()
     # the GIL there, and the two waited for each other (it hung within 300 rounds).
     opencl = [name for name in DEVICE_NAMES if name.startswith("opencl")]
     if not opencl:
-        pytest.skip("no OpenCL device here: the staging wait this checks is OpenCL's")
+        skip_or_fail_unavailable("no OpenCL device here: the staging wait this checks is OpenCL's")
     code = f"""
     import numpy as np
     import ferry, ferry._testing as testing

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import run_python
+from conftest import run_python, skip_or_fail_unavailable
 
 ferry_jax = pytest.importorskip("ferry.jax", reason="ferry's Python package is not importable")
 pytest.importorskip("jax", reason="JAX is not installed (pip install '.[test]')")
@@ -34,10 +34,10 @@ def _wrapped_plugin():
 
 
 WRAPPED = _wrapped_plugin()
-pytestmark = [
-    pytest.mark.skipif(PLUGIN is None, reason=f"no ferry_pjrt_plugin.so: {PLUGIN_MISSING}"),
-    pytest.mark.skipif(WRAPPED is None, reason="no XLA CPU plugin (pip install xla-cpu-pjrt)"),
-]
+if PLUGIN is None:
+    skip_or_fail_unavailable(f"no ferry_pjrt_plugin.so: {PLUGIN_MISSING}", allow_module_level=True)
+if WRAPPED is None:
+    skip_or_fail_unavailable("no XLA CPU plugin (pip install xla-cpu-pjrt)", allow_module_level=True)
 
 # Runs in a fresh interpreter: registers "ferry" (ferry's plugin wrapping WRAPPED) and "wrapped"
 # (WRAPPED alone), then runs every case through both.
@@ -292,3 +292,42 @@ print(out.tolist() == np.arange(12.0).reshape(3, 4).T.tolist(),
     # contiguous copy of the transposed source landed: 64-byte aligned (1 run in 12 here), the
     # wrapped plugin aliases it (puts_by_plugin); else ferry writes it (puts_by_ferry). CI saw both.
     assert result.stdout.split() == ["True", "1"], result.stdout
+
+
+def test_one_ferry_per_process_with_jax_on_ferrys_plugin():
+    """`import ferry` and JAX on ferry's plugin share one ferry runtime: one libferry.so mapped,
+    no copy of ferry inside the plugin or the extension, and ferry.metrics() counts the plugin's
+    transfers (a second, private copy of ferry in the plugin would keep its own registry)."""
+    program = """
+import json, numpy as np, ferry, ferry.jax
+ferry.jax.register()
+import jax
+before = ferry.metrics()
+device = jax.devices("ferry")[0]
+x = np.arange(4096.0, dtype=np.float32).reshape(64, 64)
+y = jax.device_put(x[::2, ::3], device)
+back = np.asarray(y)
+after = ferry.metrics()
+names = ("PjrtPluginPutsByFerry", "PjrtPluginPutsByPlugin", "PjrtPluginReadsByFerry",
+         "PjrtPluginReadsByPlugin")
+deltas = {name: after.get(name, 0) - before.get(name, 0) for name in names}
+counters = ferry.jax.counters()
+with open("/proc/self/maps") as maps:
+    runtimes = sorted({line.split()[-1] for line in maps if line.rstrip().endswith("/libferry.so")})
+print(json.dumps({"deltas": deltas, "counters": counters, "runtimes": runtimes,
+                  "equal": back.tolist() == x[::2, ::3].tolist()}))
+"""
+    result = run_python(program, timeout=120, env={"FERRY_PJRT_WRAPPED_PLUGIN": WRAPPED})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["equal"]
+    # One libferry.so, beside the package: the extension's and the plugin's.
+    package_dir = os.path.dirname(os.path.abspath(ferry_jax.__file__))
+    assert report["runtimes"] == [os.path.join(package_dir, "libferry.so")], report["runtimes"]
+    deltas, counters = report["deltas"], report["counters"]
+    # ferry.metrics() saw the put and the read the plugin made, as ferry.jax.counters() did.
+    assert deltas["PjrtPluginPutsByFerry"] + deltas["PjrtPluginPutsByPlugin"] >= 1, deltas
+    assert deltas["PjrtPluginReadsByFerry"] + deltas["PjrtPluginReadsByPlugin"] >= 1, deltas
+    for name, counter in (("PjrtPluginPutsByFerry", "puts_by_ferry"),
+                          ("PjrtPluginReadsByFerry", "reads_by_ferry")):
+        assert deltas[name] == counters[counter], (deltas, counters)

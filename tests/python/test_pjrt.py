@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import ferry
+from conftest import skip_or_fail_unavailable
 
 
 def _pjrt_devices():
     try:
         return ferry.devices("pjrt")
     except ferry.Error as error:
-        pytest.skip(f"no pjrt backend here: {error}")
+        skip_or_fail_unavailable(f"no pjrt backend here: {error}")
 
 
 def test_pjrt_devices_describe_their_plugin():
