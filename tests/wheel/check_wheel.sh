@@ -39,25 +39,33 @@ import os, pathlib, subprocess, sys
 site = next(pathlib.Path(sys.argv[1]).glob("lib/python3*/site-packages"))
 package = site / "ferry"
 grafted = site / "ferry_tensors.libs"
-# The manylinux policy's libraries: every Linux system has them.
+# The manylinux policy's libraries (what auditwheel leaves out): every Linux system has them.
 policy = ("libc.so", "libm.so", "libstdc++.so", "libgcc_s.so", "libpthread.so", "libdl.so",
-          "librt.so", "ld-linux", "linux-vdso")
+          "librt.so", "libz.so", "libutil.so", "libresolv.so", "libnsl.so", "ld-linux")
 problems, checked = [], 0
 for path in sorted(p for p in package.rglob("*") if p.is_file()):
     with open(path, "rb") as f:
         if f.read(4) != b"\x7fELF":
             continue
     checked += 1
+    # The file's own needs (NEEDED), and where the loader finds each (ldd).
+    dynamic = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True).stdout
+    needed = [line.split("[", 1)[1].split("]", 1)[0] for line in dynamic.splitlines()
+              if "(NEEDED)" in line]
+    resolved = {}
     for line in subprocess.run(["ldd", str(path)], capture_output=True, text=True).stdout.splitlines():
         name, _, where = line.strip().partition(" => ")
-        where = where.split(" (")[0].strip()
-        if "not found" in line:
-            problems.append(f"{path.name}: {name} not found")
-        elif name.startswith("libmpich"):
+        resolved[name] = where.split(" (")[0].strip()
+    for name in needed:
+        where = resolved.get(name, "")
+        if name.startswith("libmpich"):
             if path.name != "libferry_mpi.so":
                 problems.append(f"{path.name} needs MPI ({name}): only libferry_mpi.so may")
-        elif where and not where.startswith((str(package), str(grafted))) and \
-                not name.startswith(policy) and not os.path.basename(name).startswith(policy):
+        elif name.startswith(policy):
+            continue
+        elif not where or where == "not found":
+            problems.append(f"{path.name}: {name} not found")
+        elif not where.startswith((str(package), str(grafted))):
             problems.append(f"{path.name}: {name} resolves outside the wheel to {where}")
 print(f"check_wheel: {checked} ELF files checked")
 if checked < 5:  # _ferry, libferry.so, libferry_mpi.so, the plugin, bin/ferry
