@@ -16,7 +16,8 @@
 # (pjrt_include/) and compiled from there: the compile commands then name a folder under the build
 # tree, never a temporary build environment, and a compiler cache hits across builds.
 #
-# Sets: FERRY_HAVE_PJRT (ON/OFF), FERRY_PJRT_INCLUDE_DIR (the build tree's copy) and
+# Sets: FERRY_HAVE_PJRT (ON/OFF), FERRY_PJRT_INCLUDE_DIR (the build tree's copy),
+# FERRY_PJRT_HEADER_FOUND_IN (where the header was found) and
 # FERRY_PJRT_SITE_PACKAGES (the site-packages of the wheel that gave the header, "" when it lies in
 # a temporary build environment).
 
@@ -82,6 +83,7 @@ if(FERRY_PJRT)
   configure_file("${ferry_pjrt_header_dir}/pjrt_c_api.h"
                  "${PROJECT_BINARY_DIR}/pjrt_include/pjrt_c_api.h" COPYONLY)
   set(FERRY_PJRT_INCLUDE_DIR "${PROJECT_BINARY_DIR}/pjrt_include")
+  set(FERRY_PJRT_HEADER_FOUND_IN "${ferry_pjrt_header_dir}")
   set(FERRY_HAVE_PJRT ON)
   # site-packages of the header's wheel: where the tests find the plugins (FERRY_PJRT_SEARCH_PATH),
   # and the last place a ferry built from a source tree looks for one. A header from a temporary

@@ -7,6 +7,7 @@ machine without PoCL is red there, never green by skipping."""
 
 import os
 
+import numpy as np
 import pytest
 
 import ferry
@@ -21,7 +22,7 @@ def test_backend_starts_and_puts(backend):
     except ferry.Error as error:
         skip_or_fail_unavailable(f"the {backend} backend cannot start here: {error}")
     assert devices, f"the {backend} backend started with no device"
-    array = ferry.device_put([1.5, -2.0, 3.25], devices[0])
+    array = ferry.device_put(np.array([1.5, -2.0, 3.25]), devices[0])
     assert ferry.device_get(array).tolist() == [1.5, -2.0, 3.25]
 
 
