@@ -1126,8 +1126,11 @@ def empty(shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
     rather than copy it (check `Array.is_alias`). numpy's own arrays are only 16-byte aligned, so
     a zero_copy put of one falls back to a copy whenever its address is not a multiple of 64."""
     shape_tuple = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape_tuple):
+        # As numpy: a negative size is an error, never an empty or a reshaped array.
+        raise ValueError(f"negative dimensions are not allowed: shape {shape_tuple}")
     numpy_dtype = _NUMPY_DTYPES[_dtype_name(dtype)]
-    nbytes = numpy_dtype.itemsize * int(np.prod(shape_tuple, dtype=np.int64))
+    nbytes = numpy_dtype.itemsize * math.prod(shape_tuple)
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     offset = -raw.ctypes.data % ALIGNMENT
     return raw[offset:offset + nbytes].view(numpy_dtype).reshape(shape_tuple)

@@ -52,6 +52,13 @@ bool BasicHostView<Pointer>::IsRowMajorDense() const {
 template <typename Pointer>
 StatusOr<AddressedBytes> BasicHostView<Pointer>::ComputeAddressedBytes(
     std::string_view tensor_name) const {
+  // A DType cast from an arbitrary integer is refused here, at every view's boundary, before
+  // anything looks its size up.
+  if (static_cast<int>(dtype) >= kNumDTypes) {
+    return InvalidArgumentError(
+        fmt::format("tensor '{}' has no valid dtype: value {} is none of ferry's {} dtypes",
+                    tensor_name, static_cast<int>(dtype), kNumDTypes));
+  }
   if (byte_strides.size() != dims.size()) {
     return InvalidArgumentError(fmt::format("tensor '{}' has {} dims but {} byte strides",
                                             tensor_name, dims.size(), byte_strides.size()));

@@ -144,6 +144,16 @@ def test_empty_is_aligned_and_zero_copy_aliases_it():
     np.testing.assert_array_equal(copied.to_numpy(), misaligned)
 
 
+@pytest.mark.parametrize("shape", [-1, (2, -3), (-2, -2), (0, -1)])
+def test_empty_refuses_negative_sizes_as_numpy_does(shape):
+    # Before: ferry.empty(-1).shape was (0,), and (2, -3) gave (2, 2) or (2, 0) by alignment.
+    with pytest.raises(ValueError, match="negative dimensions"):
+        np.empty(shape)
+    with pytest.raises(ValueError, match="negative dimensions"):
+        ferry.empty(shape)
+    assert ferry.empty((2, 0), "float64").shape == (2, 0)
+
+
 def test_every_public_name_has_a_docstring():
     missing = [name for name in ferry.__all__ if not (getattr(ferry, name).__doc__ or "").strip()]
     assert not missing

@@ -109,6 +109,21 @@ TEST(TransferTest, RoundTripReturnsLogicalDtypeAndCountsDowncasts) {
   EXPECT_EQ(reinterpret_cast<const float*>((*raw)[0].data())[63], 53.0f);
 }
 
+TEST(TransferTest, BorrowRefusesADTypeOutsideTheEnumNamingTheValue) {
+  // Before: Borrow accepted static_cast<DType>(99), and the transfer failed later with "the
+  // device holds neither invalid nor ...".
+  std::vector<float> values(4, 1.0f);
+  const HostView view(values.data(), static_cast<DType>(99), {4}, {4});
+  auto source = TensorSource::Borrow(view, values.data(), 16, nullptr, "w");
+  ASSERT_FALSE(source.ok());
+  EXPECT_EQ(source.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(source.status().message(), HasSubstr("tensor 'w' has no valid dtype: value 99"));
+  const HostView last(values.data(), static_cast<DType>(kNumDTypes), {4}, {4});
+  EXPECT_FALSE(TensorSource::Borrow(last, values.data(), 16, nullptr, "w").ok());
+  const HostView valid(values.data(), DType::kF8E5M2, {4}, {1});
+  EXPECT_TRUE(TensorSource::Borrow(valid, values.data(), 16, nullptr, "w").ok());
+}
+
 TEST(TransferTest, AsyncTransferReleasesBorrowedSourceExactlyOnceAfterReading) {
   auto client = MakeHostClient();
   Device* device = client->devices()[0];
