@@ -27,49 +27,72 @@ Future<> BufferWriter::Write(int64_t offset_bytes, const void* data, int64_t siz
     return Future<>::Ready(InvalidArgumentError(
         fmt::format("write to tensor '{}': {}", name_, std::string(status.message()))));
   }
-  MutexLock lock(mutex_);
-  if (ended_) {
-    return Future<>::Ready(FailedPreconditionError(fmt::format(
-        "write to tensor '{}': its fill has ended (complete, aborted or failed)", name_)));
-  }
-  if (size_bytes == 0) return Future<>::Ready(OkStatus());
+  // A write after the end is refused without the fill lock: a continuation on Ready() runs while
+  // the write that completed the buffer still holds it.
+  if (Status ended = EndedError(); !ended.ok()) return Future<>::Ready(ended);
+  MutexLock fill(fill_mutex_);
   const int64_t end = offset_bytes + size_bytes;
-  // The first range that ends after this one begins must begin at or after this one's end.
-  auto next = written_.upper_bound(offset_bytes);
-  if (next != written_.begin()) {
-    auto previous = std::prev(next);
-    if (previous->second > offset_bytes) next = previous;
+  bool last = false;
+  {
+    MutexLock lock(mutex_);
+    if (ended_) {
+      return Future<>::Ready(FailedPreconditionError(fmt::format(
+          "write to tensor '{}': its fill has ended (complete, aborted or failed)", name_)));
+    }
+    if (size_bytes == 0) return Future<>::Ready(OkStatus());
+    // The first range that ends after this one begins must begin at or after this one's end.
+    auto next = written_.upper_bound(offset_bytes);
+    if (next != written_.begin()) {
+      auto previous = std::prev(next);
+      if (previous->second > offset_bytes) next = previous;
+    }
+    if (next != written_.end() && next->first < end) {
+      return Future<>::Ready(InvalidArgumentError(
+          fmt::format("write to tensor '{}': bytes [{}, {}) overlap bytes [{}, {}) written before",
+                      name_, offset_bytes, end, next->first, next->second)));
+    }
+    // Recorded before the backend runs: a continuation of the last write sees every byte, and
+    // the fill has ended for it. Undone below if the backend refuses the write.
+    RecordRange(offset_bytes, end);
+    bytes_written_ += size_bytes;
+    last = bytes_written_ == size_bytes_;
+    if (last) ended_ = true;
   }
-  if (next != written_.end() && next->first < end) {
-    return Future<>::Ready(InvalidArgumentError(
-        fmt::format("write to tensor '{}': bytes [{}, {}) overlap bytes [{}, {}) written before",
-                    name_, offset_bytes, end, next->first, next->second)));
-  }
-  const bool last = bytes_written_ + size_bytes == size_bytes_;
   StatusOr<Future<>> written = WriteBytes(offset_bytes, data, size_bytes, last);
   if (!written.ok()) {
-    ended_ = true;
+    {
+      MutexLock lock(mutex_);
+      ended_ = true;
+      bytes_written_ -= size_bytes;
+    }
     FailBuffer(written.status());
     return Future<>::Ready(written.status());
   }
-  // Record the range, merged with its neighbours when they touch.
-  int64_t begin = offset_bytes;
+  return *std::move(written);
+}
+
+void BufferWriter::RecordRange(int64_t begin, int64_t end) {
+  // Merged with its neighbours when they touch.
   int64_t stop = end;
   auto after = written_.find(end);
   if (after != written_.end()) {
     stop = after->second;
     written_.erase(after);
   }
-  auto before = written_.lower_bound(offset_bytes);
-  if (before != written_.begin() && std::prev(before)->second == offset_bytes) {
+  auto before = written_.lower_bound(begin);
+  if (before != written_.begin() && std::prev(before)->second == begin) {
     --before;
     begin = before->first;
     written_.erase(before);
   }
   written_[begin] = stop;
-  bytes_written_ += size_bytes;
-  if (last) ended_ = true;
-  return *std::move(written);
+}
+
+Status BufferWriter::EndedError() const {
+  MutexLock lock(mutex_);
+  if (!ended_) return OkStatus();
+  return FailedPreconditionError(
+      fmt::format("write to tensor '{}': its fill has ended (complete, aborted or failed)", name_));
 }
 
 StatusOr<std::unique_ptr<Buffer>> BufferWriter::TakeBuffer() {
@@ -83,10 +106,18 @@ StatusOr<std::unique_ptr<Buffer>> BufferWriter::TakeBuffer() {
 }
 
 void BufferWriter::Abort(Status status) {
-  MutexLock lock(mutex_);
-  // FailBuffer runs under the lock so that no write can slip in between.
-  if (ended_) return;
-  ended_ = true;
+  {
+    MutexLock lock(mutex_);
+    if (ended_) return;  // without the fill lock: a continuation on Ready() may call this
+  }
+  // The fill lock keeps a write from running between the check and FailBuffer; ended_ is set
+  // before FailBuffer completes Ready(), whose continuations may call back into the writer.
+  MutexLock fill(fill_mutex_);
+  {
+    MutexLock lock(mutex_);
+    if (ended_) return;
+    ended_ = true;
+  }
   if (status.ok()) status = AbortedError(fmt::format("the fill of tensor '{}' was aborted", name_));
   FailBuffer(std::move(status));
 }
@@ -104,9 +135,12 @@ void BufferWriter::AbortIfUnfinished() {
 }
 
 void BufferWriter::CompleteIfEmpty() {
-  MutexLock lock(mutex_);
-  if (size_bytes_ != 0 || ended_) return;
-  ended_ = true;
+  MutexLock fill(fill_mutex_);
+  {
+    MutexLock lock(mutex_);
+    if (size_bytes_ != 0 || ended_) return;
+    ended_ = true;
+  }
   static const std::byte kNothing{};
   if (StatusOr<Future<>> done = WriteBytes(0, &kNothing, 0, /*last=*/true); !done.ok()) {
     FailBuffer(done.status());

@@ -2,8 +2,10 @@
 // buffer made first and written in pieces at any offsets, in any order, held to one contract on
 // every backend.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "conformance_suite.h"
@@ -132,6 +134,55 @@ TEST_P(ConformanceWriter, AnUnfinishedFillFailsTheBufferInsteadOfHanging) {
       AwaitFor(dropped->ToHost(MutableHostView::Dense(back.data(), DType::kF32, {16})));
   ASSERT_TRUE(read.has_value());
   EXPECT_FALSE(read->ok());
+}
+
+// A continuation on Ready() may call back into the writer: the writer never completes a future
+// while it holds its lock (before, host, opencl and pjrt completed Ready() from inside Write and
+// Abort with the writer's mutex held, and a continuation asking bytes_written() never returned).
+// Each case runs on a thread of its own, so a deadlock fails the test instead of hanging it.
+TEST_P(ConformanceWriter, ContinuationsOnReadyMayCallBackIntoTheWriter) {
+  for (const bool abort : {false, true}) {
+    SCOPED_TRACE(abort ? "the fill aborted" : "the fill completed");
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                            client().CreateBufferWriter(DType::kF32, {16}, device(), {}, "c"));
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+    auto written_seen = std::make_shared<std::atomic<int64_t>>(-1);
+    Promise<> continued;
+    BufferWriter* raw_writer = writer.get();
+    buffer->Ready().OnReady([raw_writer, written_seen, continued](const Status&) {
+      // Every question a continuation may ask, and a late abort and write, which are refused.
+      const int64_t written = raw_writer->bytes_written();
+      raw_writer->Abort(CancelledError("from the continuation"));
+      const bool late_refused =
+          raw_writer->Write(0, nullptr, 0).Await().code() == absl::StatusCode::kFailedPrecondition;
+      written_seen->store(late_refused ? written : -2);
+      continued.Set(OkStatus());
+    });
+    alignas(64) static float data[16] = {};
+    Promise<> filled;
+    std::thread filler([raw_writer, filled, abort] {
+      Status status = OkStatus();
+      if (abort) {
+        raw_writer->Abort(CancelledError("the producer gave up"));
+      } else {
+        const std::optional<Status> first = AwaitFor(raw_writer->Write(0, data, 32));
+        const std::optional<Status> last = AwaitFor(raw_writer->Write(32, data, 32));
+        if (!first.has_value() || !last.has_value())
+          status = absl::DeadlineExceededError("a write hung");
+      }
+      filled.Set(status);
+    });
+    const std::optional<Status> fill = AwaitFor(filled.future(), std::chrono::seconds(30));
+    if (!fill.has_value()) {
+      filler.detach();   // deadlocked: leave it, and fail below
+      writer.release();  // its lock is held for ever: destroying it would hang as well
+      FAIL() << "the writer deadlocked with a continuation on Ready() calling back into it";
+    }
+    filler.join();
+    EXPECT_TRUE(fill->ok()) << *fill;
+    ASSERT_TRUE(AwaitFor(continued.future()).has_value()) << "the continuation never finished";
+    EXPECT_EQ(written_seen->load(), abort ? 0 : 64);
+  }
 }
 
 TEST_P(ConformanceWriter, AnEmptyBufferIsReadyAtOnce) {

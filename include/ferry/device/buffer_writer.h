@@ -66,7 +66,10 @@ class BufferWriter {
   // range and returns when `data` may be reused; `last` is set on the write that completes the
   // buffer (exactly once, possibly on an empty range for an empty buffer), after which the
   // backend completes the buffer's Ready(). An error returned here ends the fill (FailBuffer
-  // follows). Called with the writer's lock held: never call back into the writer.
+  // follows). Called with the writer's fill lock held (one call at a time, never beside
+  // FailBuffer) but not its state lock: a future it completes may run continuations that ask the
+  // writer anything (its fill has ended for them on the `last` write); the backend itself never
+  // calls back into the writer.
   virtual StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
                                         bool last) = 0;
   // Fails the buffer with `status` (its Ready() completes with it). Called at most once, never
@@ -91,6 +94,18 @@ class BufferWriter {
   const std::string memory_kind_;
   const std::string name_;
 
+  // Adds [begin, end) to written_.
+  void RecordRange(int64_t begin, int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // FailedPrecondition once the fill has ended.
+  Status EndedError() const;
+
+  // Two locks, so that no future is ever completed under a lock a continuation may need:
+  // - fill_mutex_ serialises the backend's part (WriteBytes, FailBuffer): no write slips in
+  //   between an abort's check and its FailBuffer. Held while the backend completes Ready(), so
+  //   it is taken only while the fill has not ended: a continuation (which runs once it has)
+  //   never waits for it.
+  // - mutex_ guards the state below; never held while the backend runs.
+  Mutex fill_mutex_ ABSL_ACQUIRED_BEFORE(mutex_);
   mutable Mutex mutex_;
   // Written ranges, [begin, end) keyed by begin, merged when they touch.
   std::map<int64_t, int64_t> written_ ABSL_GUARDED_BY(mutex_);
