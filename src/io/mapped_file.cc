@@ -61,6 +61,8 @@ struct MappedFileSignals {
     return *mutex;
   }
   static inline std::atomic<uint64_t> events{0};
+  // Published mappings: none means no memory can be a mapping's.
+  static inline std::atomic<int64_t> live{0};
   static inline struct sigaction previous {};
   static inline uintptr_t page_size = 4096;
 
@@ -163,6 +165,7 @@ struct MappedFileSignals {
                          std::memory_order_relaxed);
       slots[i].file.store(file, std::memory_order_relaxed);
       slots[i].state.store(2, std::memory_order_release);
+      live.fetch_add(1, std::memory_order_relaxed);
       return i;
     }
     return -1;
@@ -171,6 +174,7 @@ struct MappedFileSignals {
   static void Unregister(int index) {
     std::lock_guard<std::mutex> lock(Mutex());
     Slots()[index].state.store(0, std::memory_order_release);
+    live.fetch_sub(1, std::memory_order_relaxed);
   }
 };
 
@@ -277,6 +281,39 @@ Status MappedFile::CheckIntact() const {
       "and what was read from there on is zeros, not the file's data (replace tensor files "
       "instead of rewriting them in place)",
       display_name_, std::min(from, size_)));
+}
+
+Status MappedFile::CheckRangeIntact(int64_t offset, int64_t size) const {
+  const int64_t from = vanished_from_.load(std::memory_order_relaxed);
+  // Pages vanish from the new end of the file onwards: the range is hit when it ends past that.
+  if (from == INT64_MAX || offset + size <= from) return OkStatus();
+  return CheckIntact();
+}
+
+bool MappedFile::AnyMapped() { return MappedFileSignals::live.load(std::memory_order_relaxed) > 0; }
+
+Status MappedFile::CheckMemoryIntact(const void* begin, int64_t size) {
+  if (MappedFileSignals::events.load(std::memory_order_relaxed) == 0 || size <= 0) {
+    return OkStatus();  // no page of any mapping has vanished yet
+  }
+  const auto range_begin = reinterpret_cast<uintptr_t>(begin);
+  const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
+  std::lock_guard<std::mutex> lock(MappedFileSignals::Mutex());
+  MappedFileSignals::Slot* slots = MappedFileSignals::Slots();
+  for (int i = 0; i < MappedFileSignals::kSlots; ++i) {
+    if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
+    const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
+    const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
+    if (range_end <= mapping_begin || range_begin >= mapping_end) continue;
+    const uintptr_t from = std::max(range_begin, mapping_begin);
+    const uintptr_t to = std::min(range_end, mapping_end);
+    Status status = slots[i]
+                        .file.load(std::memory_order_relaxed)
+                        ->CheckRangeIntact(static_cast<int64_t>(from - mapping_begin),
+                                           static_cast<int64_t>(to - from));
+    if (!status.ok()) return status;
+  }
+  return OkStatus();
 }
 
 uint64_t MappedFile::VanishedPageEvents() {

@@ -159,9 +159,10 @@ StatusOr<ParsedTensors> ParseNpyFile(const std::shared_ptr<const MappedFile>& fi
   tensor.data = file->data() + array.data_offset;
   tensor.num_bytes = array.data_bytes;
   ParsedTensors parsed;
-  FERRY_ASSIGN_OR_RETURN(TensorFileEntry entry,
-                         MakeTensorEntry(tensor, file->data(), file->size(), file,
-                                         /*zero_copy=*/true, array.data_offset, file_name));
+  FERRY_ASSIGN_OR_RETURN(
+      TensorFileEntry entry,
+      MakeTensorEntry(tensor, file->data(), file->size(), file,
+                      /*zero_copy=*/true, array.data_offset, file_name, file.get()));
   parsed.tensors.push_back(std::move(entry));
   parsed.data_begin = array.data_offset;
   parsed.data_end = file->size();

@@ -30,7 +30,8 @@ StatusOr<TensorFileEntry> MakeMemberEntry(std::string tensor_name,
                                           const std::byte* region_begin, int64_t region_size,
                                           std::shared_ptr<const void> keep_alive, bool zero_copy,
                                           int64_t file_offset, std::string_view file_name,
-                                          std::string_view context) {
+                                          std::string_view context,
+                                          const MappedFile* mapped_file = nullptr) {
   FERRY_ASSIGN_OR_RETURN(NpyArray array, ParseNpy(bytes, context));
   StoredTensor tensor;
   tensor.name = std::move(tensor_name);
@@ -41,7 +42,8 @@ StatusOr<TensorFileEntry> MakeMemberEntry(std::string tensor_name,
   tensor.data = bytes.data() + array.data_offset;
   tensor.num_bytes = array.data_bytes;
   return MakeTensorEntry(tensor, region_begin, region_size, std::move(keep_alive), zero_copy,
-                         file_offset < 0 ? -1 : file_offset + array.data_offset, file_name);
+                         file_offset < 0 ? -1 : file_offset + array.data_offset, file_name,
+                         mapped_file);
 }
 
 }  // namespace
@@ -75,7 +77,8 @@ StatusOr<ParsedTensors> ParseNpz(const std::shared_ptr<const MappedFile>& file,
       FERRY_ASSIGN_OR_RETURN(
           TensorFileEntry entry,
           MakeMemberEntry(std::move(tensor_name), stored, file->data(), file->size(), file,
-                          /*zero_copy=*/true, member.data_offset, file_name, member_context));
+                          /*zero_copy=*/true, member.data_offset, file_name, member_context,
+                          file.get()));
       parsed.tensors.push_back(std::move(entry));
       continue;
     }

@@ -379,7 +379,7 @@ StatusOr<ParsedTensors> ParseSafetensors(const std::shared_ptr<const MappedFile>
     tensor.num_bytes = static_cast<int64_t>(entry.end - entry.begin);
     FERRY_ASSIGN_OR_RETURN(TensorFileEntry made,
                            MakeTensorEntry(tensor, file->data(), file_size, file,
-                                           /*zero_copy=*/true, file_offset, file_name));
+                                           /*zero_copy=*/true, file_offset, file_name, file.get()));
     parsed.tensors.push_back(std::move(made));
   }
   return parsed;

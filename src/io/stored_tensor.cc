@@ -44,7 +44,8 @@ StatusOr<int64_t> CheckedTensorBytes(absl::Span<const int64_t> dims, int64_t ele
 StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std::byte* region_begin,
                                           int64_t region_size,
                                           std::shared_ptr<const void> keep_alive, bool zero_copy,
-                                          int64_t file_offset, std::string_view file_name) {
+                                          int64_t file_offset, std::string_view file_name,
+                                          const MappedFile* mapped_file) {
   const int64_t element_size = DTypeSize(tensor.dtype);
   Dims strides = tensor.fortran_order ? ColumnMajorByteStrides(tensor.dims, element_size)
                                       : RowMajorByteStrides(tensor.dims, element_size);
@@ -56,8 +57,15 @@ StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std:
   // Big-endian elements stay in the file as they are: the copy-convert reverses them as it reads.
   view.byte_swapped = tensor.big_endian;
   entry.byte_swapped = !view.IsNativeByteOrder();
+  std::function<Status()> read_check;
+  if (mapped_file != nullptr && mapped_file->is_mapped() && file_offset >= 0) {
+    // The file outlives the source (keep_alive holds it), and the check runs on a live source.
+    read_check = [mapped_file, file_offset, size = tensor.num_bytes] {
+      return mapped_file->CheckRangeIntact(file_offset, size);
+    };
+  }
   auto source = TensorSource::Borrow(view, region_begin, region_size, std::move(keep_alive),
-                                     std::move(source_name));
+                                     std::move(source_name), std::move(read_check));
   // The parsers checked the byte range already; a failure here is a bug, reported, not hidden.
   if (!source.ok()) return WithContext(source.status(), TensorContext(file_name, tensor.name));
   entry.source = std::move(source).value();

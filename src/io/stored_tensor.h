@@ -15,6 +15,7 @@
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_view.h"
 #include "ferry/core/status.h"
+#include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 
 namespace ferry::io_internal {
@@ -47,11 +48,14 @@ StatusOr<int64_t> CheckedTensorBytes(absl::Span<const int64_t> dims, int64_t ele
 // as it reads them. `zero_copy`
 // says whether the region is the mapped file itself (false for decompressed members), and
 // `file_offset` where the bytes lie in the file (-1 when they do not). `file_name` is used in
-// the source's name and in errors.
+// the source's name and in errors. `mapped_file`, when the region is that file's mapping (and
+// `keep_alive` holds it): the source's CheckRead answers DataLoss when the file was truncated
+// under the tensor's bytes (a transfer that read them got zeros).
 StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std::byte* region_begin,
                                           int64_t region_size,
                                           std::shared_ptr<const void> keep_alive, bool zero_copy,
-                                          int64_t file_offset, std::string_view file_name);
+                                          int64_t file_offset, std::string_view file_name,
+                                          const MappedFile* mapped_file = nullptr);
 
 // What each format parser returns to ParseTensorFile.
 struct ParsedTensors {

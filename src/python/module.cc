@@ -145,13 +145,15 @@ void CheckDeviceUsable(const Device* device) {
                   device->name(), device->name()))};
 }
 
-// Raises DataLoss naming the file if a mapped file's pages vanished (it was truncated while
-// mapped) since `before` (MappedFile::VanishedPageEvents) and the file is still mapped: a read
-// since then may have got zeros instead of its data (the SIGBUS this would have been is
-// recovered by MappedFile).
-void CheckMappedFilesSince(uint64_t before) {
-  if (MappedFile::VanishedPageEvents() == before) return;
-  ThrowIfError(MappedFile::CheckAllIntact());
+// Raises the first error a handle's source reported once read (DataLoss naming the file when a
+// mapped file was truncated under the read: what was read there is zeros), among the handles
+// whose source has been read already (all of them after a "copy" put). Each handle answers for its
+// own source only; one still being read answers when it is ready (Array.block_until_ready, reads).
+void CheckSourcesRead(absl::Span<const DataPtr> handles) {
+  for (const DataPtr& handle : handles) {
+    if (handle == nullptr) continue;
+    if (const Future<> read = handle->SourceRead(); read.IsReady()) ThrowIfError(read.Await());
+  }
 }
 
 // "copy" puts of at least this many source bytes wait interruptibly (see Put).
@@ -317,12 +319,9 @@ class Array {
     std::vector<DataPtr> all = handles();
     WaitForAll(all);
     Status status = AwaitReady(all);  // every handle is ready: this only collects the status
+    // A source truncated under the read fails its handle's Ready() (DataLoss): in `status`.
     ThrowIfError(status);
-    CheckMappedFilesRead();
   }
-  // After the array is ready: an error naming a mapped file whose pages vanished (it was
-  // truncated) while this array's transfer may have read it, instead of the zeros it read there.
-  void CheckMappedFilesRead() const { CheckMappedFilesSince(vanished_at_creation_); }
   // Starts reading the whole array into host memory (each distinct shard once) and returns at
   // once; a no-op when a copy is already under way.
   void StartHostCopy() {
@@ -339,7 +338,7 @@ class Array {
     const MutableHostView whole = copy->tensor.mutable_view();
     std::vector<Future<>> reads;
     if (!sharded_) {
-      reads.push_back(data_->buffer().ToHost(whole));
+      reads.push_back(data_->ToHost(whole));
     } else {
       std::vector<ShardIndex> started;
       for (size_t i = 0; i < sharded_->shards().size(); ++i) {
@@ -349,7 +348,7 @@ class Array {
           continue;  // another process's shard, or a replica of one already read
         }
         started.push_back(index);
-        reads.push_back(shard->buffer().ToHost(SubView(whole, index)));
+        reads.push_back(shard->ToHost(SubView(whole, index)));
       }
     }
     copy->done = JoinFutures(reads);
@@ -442,7 +441,6 @@ class Array {
   uint64_t generation_ = ForkGeneration();
   bool read_only_alias_ = false;         // made with zero_copy from read-only memory
   std::shared_ptr<HostCopy> host_copy_;  // copy_to_host_async()'s reads, until to_numpy()
-  uint64_t vanished_at_creation_ = MappedFile::VanishedPageEvents();
 };
 
 nb::list IndexToPython(const ShardIndex& index) {
@@ -517,7 +515,6 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
   }
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype, memory_kind);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
-  const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<ShardedDataPtr> data;
   {
     ScopedGilRelease unlocked;
@@ -525,7 +522,7 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
     sources.clear();
   }
   ShardedDataPtr sharded = ValueOrThrow(std::move(data));
-  CheckMappedFilesSince(vanished_before);
+  CheckSourcesRead(sharded->shards());
   return Array(std::move(sharded));
 }
 
@@ -597,7 +594,6 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
       wait_here = true;
     }
   }
-  const uint64_t vanished_before = MappedFile::VanishedPageEvents();
   StatusOr<std::vector<DataPtr>> data;
   {
     ScopedGilRelease unlocked;
@@ -606,7 +602,7 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
   }
   std::vector<DataPtr> handles = ValueOrThrow(std::move(data));
   if (wait_here) WaitForAll(handles);
-  CheckMappedFilesSince(vanished_before);
+  CheckSourcesRead(handles);
   std::vector<Array> arrays;
   arrays.reserve(handles.size());
   for (size_t i = 0; i < handles.size(); ++i) {
@@ -683,7 +679,6 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
     }
   }
   ThrowIfError(status);
-  for (const Array* array : arrays) array->CheckMappedFilesRead();
   std::vector<nb::object> results;
   results.reserve(host.size());
   for (HostTensor& tensor : host) results.push_back(ToNumpy(std::move(tensor)));

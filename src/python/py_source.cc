@@ -3,7 +3,9 @@
 #include <nanobind/ndarray.h>
 
 #include <bit>
+#include <functional>
 
+#include "ferry/io/mapped_file.h"
 #include "fmt/format.h"
 #include "src/python/gil.h"
 
@@ -34,8 +36,19 @@ StatusOr<std::shared_ptr<const TensorSource>> BorrowFrom(HostView view,
   // The producer vouches for its memory: the region is exactly what the view addresses.
   FERRY_ASSIGN_OR_RETURN(AddressedBytes addressed, view.ComputeAddressedBytes(name));
   const auto* base = static_cast<const std::byte*>(view.data);
-  return TensorSource::Borrow(view, base + addressed.begin, addressed.end - addressed.begin,
-                              std::move(keep_alive), std::move(name));
+  const std::byte* region = base + addressed.begin;
+  const int64_t region_size = addressed.end - addressed.begin;
+  // Memory of a file ferry mapped (a view from ferry.open_file or load_file) may lose its pages
+  // to a truncation while a transfer reads it: the transfer then reports DataLoss for this array
+  // alone. Asked only while some file is mapped (else no memory can be a mapping's).
+  std::function<Status()> read_check;
+  if (MappedFile::AnyMapped()) {
+    read_check = [region, region_size] {
+      return MappedFile::CheckMemoryIntact(region, region_size);
+    };
+  }
+  return TensorSource::Borrow(view, region, region_size, std::move(keep_alive), std::move(name),
+                              std::move(read_check));
 }
 
 Status ApplyOverride(HostView& view, std::optional<DType> dtype_override, std::string_view name) {

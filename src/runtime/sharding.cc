@@ -198,8 +198,9 @@ StatusOr<ShardedDataPtr> SendShards(absl::Span<const int64_t> global_dims, const
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> copy,
                            first.buffer().CopyToDevice(sharding.mesh().devices()[replica]));
     metrics::ReplicaDeviceCopies()->Add();
-    shards[replica] =
-        std::make_shared<Data>(std::move(copy), first.logical_dtype(), sources[replica]->name());
+    // A copy is only as good as what it copies: its Ready() waits for the first's too.
+    shards[replica] = std::make_shared<Data>(std::move(copy), first.logical_dtype(),
+                                             sources[replica]->name(), first.Ready());
   }
   return std::make_shared<ShardedData>(sharding, Dims(global_dims.begin(), global_dims.end()),
                                        logical_dtype, std::move(indices), std::move(shards));
@@ -350,7 +351,7 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
     const ShardIndex& index = data.indices()[i];
     if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
     done.push_back(index);
-    pending.Add(data.shards()[i]->buffer().ToHost(SubView(whole_view, index)));
+    pending.Add(data.shards()[i]->ToHost(SubView(whole_view, index)));
     read_shards.push_back(i);
   }
   const std::vector<Status> statuses = pending.AwaitAll();

@@ -1,5 +1,7 @@
 #include "ferry/runtime/transfer.h"
 
+#include <optional>
+
 #include "ferry/core/convert.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
@@ -15,13 +17,28 @@ namespace ferry {
 
 Data::Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name)
     : buffer_(std::move(buffer)),
+      ready_(buffer_->Ready()),
       logical_dtype_(logical_dtype),
       name_(std::move(name)),
       device_name_(buffer_->device()->name()) {
   metrics::CreateDataHandles()->Add();
 }
 
+Data::Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name,
+           Future<> source_read)
+    : Data(std::move(buffer), logical_dtype, std::move(name)) {
+  source_read_ = std::move(source_read);
+  // The buffer's error first (a failed transfer), then the read's.
+  ready_ = JoinFutures({ready_, source_read_});
+}
+
 Data::~Data() { metrics::DestroyDataHandles()->Add(); }
+
+Future<> Data::ToHost(const MutableHostView& dst) const {
+  Future<> read = buffer_->ToHost(dst);
+  if (source_read_.IsReady() && source_read_.Await().ok()) return read;
+  return JoinFutures({std::move(read), source_read_});
+}
 
 namespace internal {
 
@@ -147,6 +164,20 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
         fmt::format("tensor '{}': {}", source->name(), std::string(found.status().message())));
   }
   const MemorySpace& space = *found;
+  // A source that can tell whether what was read is its data (a mapped file truncated under the
+  // read reads as zeros) is asked once it has been read, before the transfer lets go of it; the
+  // handle's Ready() carries the answer. An alias is never "read" here (the device reads the
+  // source later, for the buffer's whole life): it is not checked.
+  std::optional<Promise<>> source_checked;
+  if (source->ChecksReads() && semantics != HostBufferSemantics::kImmutableZeroCopy) {
+    source_checked.emplace();
+    on_done = [checked = *source_checked, checked_source = source,
+               inner = std::move(on_done)]() mutable {
+      checked.Set(checked_source->CheckRead());
+      checked_source.reset();
+      if (inner) std::move(inner)();
+    };
+  }
   std::unique_ptr<Buffer> buffer;
   if (space.is_default) {
     FERRY_ASSIGN_OR_RETURN(
@@ -157,6 +188,10 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
                                                       std::move(on_done), source->name()));
   }
   metrics::OutboundData()->AddSample(static_cast<double>(view.dense_size_bytes()));
+  if (source_checked.has_value()) {
+    return std::make_shared<Data>(std::move(buffer), view.dtype, source->name(),
+                                  source_checked->future());
+  }
   return std::make_shared<Data>(std::move(buffer), view.dtype, source->name());
 }
 
@@ -271,7 +306,7 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
     FERRY_ASSIGN_OR_RETURN(HostTensor allocated, HostTensor::Allocate(host_dtype, handle.dims()));
     HostTensor& tensor = pending.Hold(std::move(allocated));
     if (host_dtype != handle.device_dtype()) metrics::ConvertedTransfers()->Add();
-    pending.Add(handle.buffer().ToHost(tensor.mutable_view()));
+    pending.Add(handle.ToHost(tensor.mutable_view()));
   }
   const std::vector<Status> statuses = pending.AwaitAll();
   std::vector<HostTensor> tensors = pending.TakeTensors();

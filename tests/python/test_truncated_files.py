@@ -84,3 +84,33 @@ def test_numpy_reading_a_truncated_mapping_is_told_on_stderr(tmp_path):
     notes = [line for line in result.stderr.splitlines() if line.startswith("ferry: file '")]
     assert len(notes) == 1, result.stderr
     assert "w.npy' was truncated while it was mapped: reads from byte 4096 on see zeros" in notes[0]
+
+
+def test_each_array_answers_for_its_own_file_only(tmp_path):
+    # Before: one process-wide counter, then every live mapping checked: once file a.npy was
+    # truncated, an array of b.npy (put before or after) raised DataLossError naming a.npy.
+    a_path, b_path = tmp_path / "a.npy", tmp_path / "b.npy"
+    code = f"""
+    import os
+    import numpy as np
+    import ferry
+    np.save({str(a_path)!r}, np.ones((2048, 1024), np.float32))
+    np.save({str(b_path)!r}, np.full((2048, 1024), 2.0, np.float32))
+    a, b = ferry.open_file({str(a_path)!r}), ferry.open_file({str(b_path)!r})
+    b_before = ferry.device_put(b["b"])
+    os.truncate({str(a_path)!r}, 4096)
+    try:
+        ferry.device_get(ferry.device_put(a["a"]))
+        print("a: no error")
+    except ferry.DataLossError as error:
+        print("a: DataLossError", "a.npy" in str(error))
+    b_after = ferry.device_put(b["b"], semantics="async")
+    print("b before", float(ferry.device_get(b_before).min()))
+    print("b after", float(ferry.device_get(b_after).max()))
+    print("b load", float(ferry.load_file({str(b_path)!r}, "host:0")["b"].to_numpy().mean()))
+    """
+    result = run_python(code, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "a: DataLossError True" in result.stdout, result.stdout
+    assert "b before 2.0" in result.stdout and "b after 2.0" in result.stdout, result.stdout
+    assert "b load 2.0" in result.stdout, result.stdout

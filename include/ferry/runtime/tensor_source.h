@@ -7,6 +7,7 @@
 // themselves (the Python layer queues them for the GIL).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +38,20 @@ class TensorSource {
   static StatusOr<std::shared_ptr<const TensorSource>> Borrow(
       const HostView& view, const void* region_begin, int64_t region_size,
       std::shared_ptr<const void> keep_alive, std::string name = "tensor");
+
+  // The same, with `read_check`: called (on the thread that finished reading the source) once a
+  // transfer has read every byte of it, it says whether what was read is the source's data. A
+  // mapped file truncated under the read reads as zeros: its sources answer DataLoss, and the
+  // transfer's Data::Ready() completes with that error (TransferFromDevice returns it).
+  static StatusOr<std::shared_ptr<const TensorSource>> Borrow(
+      const HostView& view, const void* region_begin, int64_t region_size,
+      std::shared_ptr<const void> keep_alive, std::string name, std::function<Status()> read_check);
+
+  // OK, or why the bytes a transfer just read from this source are not its data (see Borrow).
+  // Only meaningful right after a read. The default: OK.
+  virtual Status CheckRead() const { return OkStatus(); }
+  // Whether CheckRead can ever fail (transfers skip the check otherwise).
+  virtual bool ChecksReads() const { return false; }
 
  protected:
   TensorSource(HostView view, std::string name) : view_(std::move(view)), name_(std::move(name)) {}

@@ -24,6 +24,10 @@ class Data {
  public:
   // `buffer`'s client must be alive here (the device name is copied from it).
   Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name);
+  // The same, whose Ready() also waits for `source_read` and fails with its error: what the
+  // transfer learnt once it had read the source (TensorSource::CheckRead: a mapped file truncated
+  // under the read is DataLoss), or, for a copy of another handle, that handle's Ready().
+  Data(std::unique_ptr<Buffer> buffer, DType logical_dtype, std::string name, Future<> source_read);
   ~Data();
   Data(const Data&) = delete;
   Data& operator=(const Data&) = delete;
@@ -39,11 +43,21 @@ class Data {
   const std::string& device_name() const { return device_name_; }
   const std::string& name() const { return name_; }
   Buffer& buffer() const { return *buffer_; }
-  // Completes when the data is on the device and the source has been released.
-  Future<> Ready() const { return buffer_->Ready(); }
+  // Completes when the data is on the device and the source has been released; with an error if
+  // the transfer failed or what it read was not the source's data (DataLoss).
+  Future<> Ready() const { return ready_; }
+  // Completes once the transfer has read its source, with what the source said of the read
+  // (TensorSource::CheckRead); OK at once for a source that does not check. After a
+  // kImmutableOnlyDuringCall transfer it is ready when TransferToDevice returns.
+  Future<> SourceRead() const { return source_read_; }
+  // Reads the data into `dst` (Buffer::ToHost), failing with the source's read error as well
+  // (DataLoss for a source truncated under its transfer): use it rather than buffer().ToHost.
+  Future<> ToHost(const MutableHostView& dst) const;
 
  private:
   std::unique_ptr<Buffer> buffer_;
+  Future<> ready_;
+  Future<> source_read_ = Future<>::Ready(OkStatus());
   DType logical_dtype_;
   std::string name_;
   std::string device_name_;
