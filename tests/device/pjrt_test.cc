@@ -4,6 +4,7 @@
 // host backend byte for byte on both the direct and the plugin's own paths.
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -385,6 +386,38 @@ TEST(PjrtTest, NativeHandlesDriveThePluginDirectly) {
       EXPECT_TRUE(absl::IsUnimplemented(address.status())) << address.status();
     }
   }
+}
+
+// The threads of this process now (/proc/self/status), or -1 where it cannot be read.
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+// A client whose options ferry rejects costs nothing: the options are checked before
+// PJRT_Client_Create, and a client made before a later failure is destroyed. Each leaked XLA CPU
+// client keeps its threads (8 here) for the life of the process, so the thread count tells.
+TEST(PjrtTest, RejectedClientOptionsLeaveNoPluginClientBehind) {
+  {
+    PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});  // the plugin loaded, its process-wide threads up
+  }
+  const int before = ThreadCount();
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 5; ++i) {
+    auto no_workers = CreateClient("pjrt", ClientOptions{.num_worker_threads = 0});
+    EXPECT_EQ(no_workers.status().code(), absl::StatusCode::kInvalidArgument)
+        << no_workers.status();
+    // Refused after PJRT_Client_Create: the plugin's option asks for a device ferry then drops.
+    auto no_devices = CreateClient(
+        "pjrt",
+        ClientOptions{.num_devices = 0, .plugin_options = {{"cpu_device_count", int64_t{1}}}});
+    EXPECT_FALSE(no_devices.ok());
+  }
+  EXPECT_LE(ThreadCount(), before);
 }
 
 // The platforms whose buffers DLPack reaches by a device pointer, numbered as DLPack numbers them.

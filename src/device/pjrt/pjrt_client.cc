@@ -208,7 +208,12 @@ std::string PjrtDevice::description() const {
 StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& options) {
   FERRY_ASSIGN_OR_RETURN(const std::string path, FindPjrtPlugin(options.pjrt_plugin.value_or("")));
   FERRY_ASSIGN_OR_RETURN(const PjrtLibrary* library, LoadPjrtLibrary(path));
+  // Every option is checked before PJRT_Client_Create: a plugin's client is expensive to make
+  // and to leak (its threads; on a GPU its preallocated device memory).
   FERRY_ASSIGN_OR_RETURN(NamedValues named, MakeNamedValues(options));
+  const int num_workers = options.num_worker_threads.value_or(
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  if (num_workers < 1) return InvalidArgumentError("the pjrt backend needs a worker thread");
   auto args = FERRY_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = named.values.data();
   args.num_options = named.values.size();
@@ -217,11 +222,9 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
         ErrorToStatus(*library->api, error, fmt::format("PJRT_Client_Create ({})", path));
     return UnavailableError(status.message());
   }
-  const int num_workers = options.num_worker_threads.value_or(
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  if (num_workers < 1) return InvalidArgumentError("the pjrt backend needs a worker thread");
-  std::unique_ptr<PjrtClient> client(
-      new PjrtClient(std::make_shared<PjrtRuntime>(*library, args.client), num_workers));
+  // Owned from here: whatever fails next, the runtime's destructor destroys the PJRT client.
+  auto runtime = std::make_shared<PjrtRuntime>(*library, args.client);
+  std::unique_ptr<PjrtClient> client(new PjrtClient(std::move(runtime), num_workers));
   FERRY_RETURN_IF_ERROR(client->Initialize(options));
   return std::unique_ptr<Client>(std::move(client));
 }
