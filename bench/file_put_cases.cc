@@ -8,12 +8,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "ferry/core/host_tensor.h"
 #include "ferry/io/sample_checkpoint.h"
 #include "ferry/io/tensor_file.h"
 #include "fmt/format.h"
@@ -154,7 +157,112 @@ void AddLoaderComparisons(const CaseContext& context, const std::string& path, i
                       FormatRatio(row["vs_safetensors_pt"]), FormatRatio(row["vs_torch_load"])));
 }
 
+// One open of a safetensors file of many tiny tensors: TensorFile::Open alone (read the header,
+// parse it, validate every entry and the layout, map the file); nothing is put on a device. The
+// results, for the check, are each tensor's bytes as the parse located them.
+class FileParsePath final : public Path {
+ public:
+  explicit FileParsePath(std::string path) : path_(std::move(path)) {}
+
+  Status Run() override {
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path_));
+    file_ = std::move(file);
+    return OkStatus();
+  }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    if (!file_.has_value()) return InternalError("no file was opened");
+    std::vector<HostTensor> results;
+    for (const TensorFileEntry& entry : file_->tensors()) {
+      const HostView& view = entry.source->view();
+      FERRY_ASSIGN_OR_RETURN(HostTensor copy, HostTensor::Allocate(view.dtype, view.dims));
+      std::memcpy(copy.data(), view.data, static_cast<size_t>(view.dense_size_bytes()));
+      results.push_back(std::move(copy));
+    }
+    return results;
+  }
+  void Release() override { file_.reset(); }
+
+ private:
+  const std::string path_;
+  std::optional<TensorFile> file_;
+};
+
+// A safetensors file of `count` one-element f32 tensors, named so that the header's (sorted) order
+// is the reverse of the data order, as a hostile or merely huge header might be.
+Status WriteManyTensorFile(const std::string& path, int64_t count) {
+  std::string header = "{";
+  std::string data(static_cast<size_t>(count) * 4, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t slot = count - 1 - i;
+    fmt::format_to(std::back_inserter(header),
+                   R"({}"layer.{:07}.weight":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}})",
+                   i == 0 ? "" : ",", i, slot * 4, slot * 4 + 4);
+    const float value = static_cast<float>(slot);
+    std::memcpy(data.data() + slot * 4, &value, 4);
+  }
+  header += "}";
+  header.resize((header.size() + 7) / 8 * 8, ' ');
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) return InternalError(fmt::format("open {}: {}", path, std::strerror(errno)));
+  const uint64_t header_size = header.size();
+  const bool written = std::fwrite(&header_size, 8, 1, file) == 1 &&
+                       std::fwrite(header.data(), 1, header.size(), file) == header.size() &&
+                       std::fwrite(data.data(), 1, data.size(), file) == data.size();
+  if (std::fclose(file) != 0 || !written) {
+    return InternalError(fmt::format("write {}: {}", path, std::strerror(errno)));
+  }
+  return SyncFile(path);
+}
+
+// Runs `loader_peers.py --parse-only` on `path` and adds vs_safetensors_open (the safetensors
+// package's open of the same file over ferry's time) to `row`.
+void AddParseComparison(const CaseContext& context, const std::string& path, int64_t tensors,
+                        Json& row, std::string& notes) {
+  row["vs_safetensors_open"] = nullptr;
+  if (context.python.empty()) {
+    AddNote(notes, "safetensors not run (--python)");
+    return;
+  }
+  StatusOr<Json> results =
+      RunPythonScript(context.python, "loader_peers.py",
+                      fmt::format("--file '{}' --repeats {} --parse-only", path, context.repeats));
+  if (!results.ok() || results->empty() || !(*results)[0]["error"].is_null() ||
+      (*results)[0]["tensors"].get<int64_t>() != tensors) {
+    AddNote(notes, "safetensors FAILED: " +
+                       (results.ok() ? results->dump() : results.status().ToString()));
+    return;
+  }
+  const double peer_seconds = (*results)[0]["seconds_median"].get<double>();
+  row["vs_safetensors_open"] = peer_seconds / row["seconds_median"].get<double>();
+  row["loaders"] = *std::move(results);
+  AddNote(notes, fmt::format("safetensors safe_open {:.3f} s: {:.2f}x ferry's time", peer_seconds,
+                             row["vs_safetensors_open"].get<double>()));
+}
+
 }  // namespace
+
+StatusOr<PreparedCase> PrepareFileParseManyTensors(const CaseContext& context) {
+  const int64_t count = ScaledCount(200'000, context.scale, 1000);
+  auto file = std::make_shared<TemporaryFile>(TemporaryPath("many"));
+  FERRY_RETURN_IF_ERROR(WriteManyTensorFile(file->path(), count));
+  FERRY_ASSIGN_OR_RETURN(TensorFile opened, TensorFile::Open(file->path()));
+  PreparedCase prepared;
+  for (const TensorFileEntry& entry : opened.tensors()) {
+    prepared.bytes += entry.source->view().dense_size_bytes();
+    prepared.unconverted_sources.push_back(entry.source);
+  }
+  prepared.tensors = count;
+  prepared.ferry = std::make_unique<FileParsePath>(file->path());
+  prepared.no_staged_note = "no staged path: a parse, compared with the safetensors package's";
+  prepared.details["file_format"] = "safetensors";
+  prepared.details["file_bytes"] = opened.file_size();
+  prepared.details["header_bytes"] = opened.file_size() - prepared.bytes - 8;
+  prepared.after_timing = [context, file, count](Json& row, std::string& notes) {
+    AddParseComparison(context, file->path(), count, row, notes);
+  };
+  prepared.keep_alive = std::move(file);
+  return prepared;
+}
 
 StatusOr<PreparedCase> PrepareFilePutSafetensors(const CaseContext& context, DType float_dtype) {
   if (!context.device->capabilities().Holds(float_dtype)) {

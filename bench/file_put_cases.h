@@ -17,4 +17,11 @@ namespace ferry::bench {
 // not hold `float_dtype`. The file is removed when the case is done.
 StatusOr<PreparedCase> PrepareFilePutSafetensors(const CaseContext& context, DType float_dtype);
 
+// file_parse_many_tensors: a safetensors file of 200,000 x scale one-element f32 tensors (a 13 MB
+// header at scale 1, under the 100 MB limit) written to a temporary file. A run is TensorFile::Open
+// alone: the header parsed and validated, the file mapped. With --python, bench/loader_peers.py
+// --parse-only times safetensors' safe_open + keys() on the same file, for vs_safetensors_open.
+// The parse was quadratic in the tensor count before issue 25 item 9.
+StatusOr<PreparedCase> PrepareFileParseManyTensors(const CaseContext& context);
+
 }  // namespace ferry::bench

@@ -7,6 +7,8 @@ Each loader produces every tensor of the file in memory the caller owns, as ferr
                      each tensor.
   torch_load         the same tensors saved once by torch.save (untimed), then
                      torch.load(path, mmap=True, weights_only=True) and .clone() of every tensor.
+  safetensors_open   (--parse-only, for file_parse_many_tensors) safe_open(path) and keys(): the
+                     package's own header parse and validation, nothing read.
 
 get_tensor() of safe_open(framework="pt") and torch.load(mmap=True) return tensors that are views
 of a private mapping of the file: nothing is read until a page is touched, so without a copy they
@@ -42,6 +44,14 @@ def load_safetensors_pt(path):
         return {name: f.get_tensor(name).clone() for name in f.keys()}
 
 
+def open_safetensors(path):
+    """safe_open alone: the header read, parsed and validated, the file mapped; no tensor read."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="numpy") as f:
+        return {name: None for name in f.keys()}
+
+
 def load_safetensors_pt_lazy(path):
     from safetensors import safe_open
 
@@ -59,7 +69,7 @@ def load_torch(path):
 def nbytes(tensors):
     total = 0
     for value in tensors.values():
-        total += value.nbytes
+        total += 0 if value is None else value.nbytes
     return total
 
 
@@ -100,7 +110,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--file", required=True, help="a safetensors file")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--parse-only", action="store_true",
+                        help="time safetensors_open (safe_open and keys()) alone")
     args = parser.parse_args()
+    if args.parse_only:
+        row = time_loader("safetensors_open", open_safetensors, args.file, args.repeats)
+        print(json.dumps({"results": [row]}))
+        return
 
     rows = [
         time_loader("safetensors_numpy", load_safetensors_numpy, args.file, args.repeats),

@@ -371,6 +371,9 @@ std::vector<CaseDefinition> AllCases() {
        [](const CaseContext& c) { return PrepareFilePutSafetensors(c, DType::kF32); }},
       {"file_put_safetensors_bf16", "the same sample stored as bf16: open, put every tensor",
        [](const CaseContext& c) { return PrepareFilePutSafetensors(c, DType::kBF16); }},
+      {"file_parse_many_tensors",
+       "200,000 one-element tensors in a 13 MB safetensors header: open (parse, validate, map)",
+       PrepareFileParseManyTensors},
   };
 }
 

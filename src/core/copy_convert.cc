@@ -29,6 +29,9 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   if (!dst.IsNativeByteOrder()) {
     return InvalidArgumentError("copy-convert: the destination must be in the host's byte order");
   }
+  // Every product of a dim and a stride below is then known to fit int64.
+  FERRY_RETURN_IF_ERROR(src.ComputeAddressedBytes("copy-convert source").status());
+  FERRY_RETURN_IF_ERROR(dst.ComputeAddressedBytes("copy-convert destination").status());
   FERRY_ASSIGN_OR_RETURN(ConvertKernel kernel, GetConvertKernel(src.dtype, dst.dtype, level));
 
   CopyConvertPlan plan;
@@ -45,8 +48,13 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   for (size_t i = 0; i < src.dims.size(); ++i) {
     if (src.dims[i] == 1) continue;
     const int64_t size = src.dims[i];
-    if (!plan.dims_.empty() && plan.src_strides_.back() == src.byte_strides[i] * size &&
-        plan.dst_strides_.back() == dst.byte_strides[i] * size) {
+    // (dim - 1) * stride fits (validated above); dim * stride may not, and then cannot match.
+    int64_t src_span = 0;
+    int64_t dst_span = 0;
+    const bool spans_fit = !__builtin_mul_overflow(src.byte_strides[i], size, &src_span) &&
+                           !__builtin_mul_overflow(dst.byte_strides[i], size, &dst_span);
+    if (!plan.dims_.empty() && spans_fit && plan.src_strides_.back() == src_span &&
+        plan.dst_strides_.back() == dst_span) {
       plan.dims_.back() *= size;
       plan.src_strides_.back() = src.byte_strides[i];
       plan.dst_strides_.back() = dst.byte_strides[i];

@@ -32,19 +32,25 @@ StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> dims) {
   return count;
 }
 
-template <typename Pointer>
-int64_t BasicHostView<Pointer>::num_elements() const {
+int64_t SaturatedNumElements(absl::Span<const int64_t> dims) {
+  for (int64_t dim : dims) {
+    if (dim <= 0) return 0;
+  }
   int64_t count = 1;
-  for (int64_t dim : dims) count *= dim;
+  for (int64_t dim : dims) {
+    if (__builtin_mul_overflow(count, dim, &count)) return INT64_MAX;
+  }
   return count;
 }
 
 template <typename Pointer>
 bool BasicHostView<Pointer>::IsRowMajorDense() const {
+  if (byte_strides.size() != dims.size()) return false;
   int64_t expected = element_size();
   for (size_t i = dims.size(); i-- > 0;) {
     if (dims[i] != 1 && byte_strides[i] != expected) return false;
-    expected *= dims[i];
+    // An overflow means no dense memory holds the view (a zero-stride view of huge dims).
+    if (__builtin_mul_overflow(expected, dims[i], &expected)) return false;
   }
   return true;
 }

@@ -2,10 +2,10 @@
 // `Metadata::validate`), plus one of ferry's own: duplicate JSON keys are rejected, where serde
 // keeps the last one silently (so two tensors could claim one name and one would vanish).
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -70,58 +70,116 @@ std::string JsonSyntaxErrorMessage(std::string_view text, const Json::parse_erro
                      EscapeForMessage(text.substr(position), 24));
 }
 
+// Builds the header's DOM as nlohmann's own parser does, checking on the way what ferry adds to
+// JSON: no key twice in one object, no nesting deeper than kSafetensorsMaxJsonDepth. nlohmann's
+// callback parser could make the same checks, but after every object or array it closes it scans
+// the whole enclosing container for a discarded value, which made a header of n tensors cost n^2
+// (20,000 tensors: 34 s). Here every event costs O(1), or O(log n) for a key (a std::map insert).
+class HeaderDomBuilder {
+ public:
+  using number_integer_t = Json::number_integer_t;
+  using number_unsigned_t = Json::number_unsigned_t;
+  using number_float_t = Json::number_float_t;
+  using string_t = Json::string_t;
+  using binary_t = Json::binary_t;
+
+  bool null() { return Put(Json(nullptr)); }
+  bool boolean(bool value) { return Put(Json(value)); }
+  bool number_integer(number_integer_t value) { return Put(Json(value)); }
+  bool number_unsigned(number_unsigned_t value) { return Put(Json(value)); }
+  bool number_float(number_float_t value, const string_t& /*text*/) { return Put(Json(value)); }
+  bool string(string_t& value) { return Put(Json(std::move(value))); }
+  bool binary(binary_t& value) { return Put(Json::binary(std::move(value))); }
+
+  bool start_object(std::size_t /*size*/) { return Open(Json::value_t::object); }
+  bool start_array(std::size_t /*size*/) { return Open(Json::value_t::array); }
+  bool end_object() { return Close(); }
+  bool end_array() { return Close(); }
+  bool key(string_t& name) {
+    auto& object = open_.back()->get_ref<Json::object_t&>();
+    // A repeated key keeps its first place (and takes the later value, as nlohmann does); the
+    // first repeated key is reported once the whole text is known to be JSON.
+    auto [slot, inserted] = object.try_emplace(std::move(name));
+    if (!inserted && !duplicate_key_.has_value()) duplicate_key_ = slot->first;
+    key_slot_ = &slot->second;
+    return true;
+  }
+  // Rethrown as the type it was made as (parse_error, out_of_range): ParseHeaderJson words each.
+  template <typename Exception>
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/,
+                   const Exception& error) {
+    throw error;
+  }
+
+  Json& root() { return root_; }
+  bool too_deep() const { return too_deep_; }
+  const std::optional<std::string>& duplicate_key() const { return duplicate_key_; }
+
+ private:
+  // Places `value` where the parser is: the root, the next element of the open array, or the
+  // value of the key just read. Returns where it went.
+  Json* Place(Json value) {
+    if (open_.empty()) {
+      root_ = std::move(value);
+      return &root_;
+    }
+    Json& container = *open_.back();
+    if (container.is_array()) {
+      // Only the closed elements of this array move when it grows; the open containers are its
+      // ancestors, so the pointers in open_ stay valid.
+      auto& array = container.get_ref<Json::array_t&>();
+      array.push_back(std::move(value));
+      return &array.back();
+    }
+    *key_slot_ = std::move(value);
+    return key_slot_;
+  }
+  bool Put(Json value) {
+    Place(std::move(value));
+    return true;
+  }
+  bool Open(Json::value_t type) {
+    // This container is level open_.size() + 1; returning false stops the parse at once.
+    if (open_.size() + 1 > static_cast<size_t>(kSafetensorsMaxJsonDepth)) {
+      too_deep_ = true;
+      return false;
+    }
+    open_.push_back(Place(Json(type)));
+    return true;
+  }
+  bool Close() {
+    open_.pop_back();
+    return true;
+  }
+
+  Json root_;
+  std::vector<Json*> open_;
+  Json* key_slot_ = nullptr;
+  std::optional<std::string> duplicate_key_;
+  bool too_deep_ = false;
+};
+
 // Parses the header text, rejecting duplicate keys at any level and excessive nesting.
 StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) {
-  std::vector<std::unordered_set<std::string>> open_objects;
-  std::string duplicate_key;
-  bool too_deep = false;
-  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        // `depth` counts the containers around this one (0 for the outermost object), so this
-        // one is level depth + 1.
-        if (depth + 1 > kSafetensorsMaxJsonDepth) too_deep = true;
-        if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get_ref<const std::string&>()).second &&
-            duplicate_key.empty()) {
-          duplicate_key = parsed.get_ref<const std::string&>();
-        }
-        break;
-      default:
-        break;
-    }
-    // Stop building a deep document as soon as it is known to be rejected.
-    return !too_deep;
-  };
-  Json header;
+  HeaderDomBuilder builder;
   try {
-    header = Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                         /*ignore_comments=*/false);
+    Json::sax_parse(text.begin(), text.end(), &builder, nlohmann::detail::input_format_t::json,
+                    /*strict=*/true, /*ignore_comments=*/false);
   } catch (const Json::parse_error& error) {
-    if (too_deep) {
-      return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
-                                                 kSafetensorsMaxJsonDepth));
-    }
     return MalformedError(context, JsonSyntaxErrorMessage(text, error));
   } catch (const Json::exception& error) {
     return MalformedError(context, fmt::format("the header is not valid JSON: {}",
                                                EscapeForMessage(error.what(), 256)));
   }
-  if (too_deep) {
+  if (builder.too_deep()) {
     return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",
                                                kSafetensorsMaxJsonDepth));
   }
-  if (!duplicate_key.empty()) {
+  if (const std::optional<std::string>& key = builder.duplicate_key(); key.has_value()) {
     return MalformedError(context, fmt::format("the JSON header has the key \"{}\" twice",
-                                               EscapeForMessage(duplicate_key, kQuotedNameLength)));
+                                               EscapeForMessage(*key, kQuotedNameLength)));
   }
+  Json header = std::move(builder.root());
   if (!header.is_object()) {
     return MalformedError(
         context, fmt::format("the JSON header is {}, not an object", JsonTypeName(header)));
@@ -150,15 +208,15 @@ Status ParseMetadata(const Json& value, std::string_view context,
 
 // Reads a non-negative JSON integer that fits int64 (dims and offsets; nothing larger can lie in a
 // file, and HostView dims are int64).
-StatusOr<uint64_t> ParseUnsigned(const Json& value, std::string_view what,
-                                 std::string_view context) {
+template <typename Context>
+StatusOr<uint64_t> ParseUnsigned(const Json& value, std::string_view what, const Context& context) {
   if (!value.is_number_unsigned()) {
-    return MalformedError(context, fmt::format("{} must be a non-negative integer, not {}", what,
-                                               JsonTypeName(value)));
+    return MalformedError(context(), fmt::format("{} must be a non-negative integer, not {}", what,
+                                                 JsonTypeName(value)));
   }
   const uint64_t number = value.get<uint64_t>();
   if (number > static_cast<uint64_t>(INT64_MAX)) {
-    return MalformedError(context, fmt::format("{} {} is larger than 2^63 - 1", what, number));
+    return MalformedError(context(), fmt::format("{} {} is larger than 2^63 - 1", what, number));
   }
   return number;
 }
@@ -175,29 +233,31 @@ std::string KnownDTypeNames() {
 
 StatusOr<HeaderEntry> ParseEntry(const std::string& name, const Json& value,
                                  std::string_view file_name) {
-  const std::string context = TensorContext(file_name, name);
+  // Made only for an error: escaping every name of a 200,000-tensor header costs more than its
+  // parse.
+  auto context = [&] { return TensorContext(file_name, name); };
   if (!value.is_object()) {
-    return MalformedError(context, fmt::format("the entry must be an object with \"dtype\", "
-                                               "\"shape\" and \"data_offsets\", not {}",
-                                               JsonTypeName(value)));
+    return MalformedError(context(), fmt::format("the entry must be an object with \"dtype\", "
+                                                 "\"shape\" and \"data_offsets\", not {}",
+                                                 JsonTypeName(value)));
   }
   HeaderEntry entry;
   entry.name = name;
   // Other keys are ignored, as the reference does.
   for (const char* key : {"dtype", "shape", "data_offsets"}) {
     if (!value.contains(key)) {
-      return MalformedError(context, fmt::format("the entry has no \"{}\"", key));
+      return MalformedError(context(), fmt::format("the entry has no \"{}\"", key));
     }
   }
   const Json& dtype = value.at("dtype");
   if (!dtype.is_string()) {
-    return MalformedError(context,
+    return MalformedError(context(),
                           fmt::format("\"dtype\" must be a string, not {}", JsonTypeName(dtype)));
   }
   entry.dtype_name = dtype.get<std::string>();
   auto parsed_dtype = DTypeFromSafetensorsName(entry.dtype_name);
   if (!parsed_dtype.ok()) {
-    return MalformedError(context,
+    return MalformedError(context(),
                           fmt::format("unsupported dtype \"{}\" (ferry reads {})",
                                       EscapeForMessage(entry.dtype_name), KnownDTypeNames()));
   }
@@ -205,9 +265,9 @@ StatusOr<HeaderEntry> ParseEntry(const std::string& name, const Json& value,
 
   const Json& shape = value.at("shape");
   if (!shape.is_array()) {
-    return MalformedError(context, fmt::format("\"shape\" must be an array of non-negative "
-                                               "integers, not {}",
-                                               JsonTypeName(shape)));
+    return MalformedError(context(), fmt::format("\"shape\" must be an array of non-negative "
+                                                 "integers, not {}",
+                                                 JsonTypeName(shape)));
   }
   for (size_t i = 0; i < shape.size(); ++i) {
     FERRY_ASSIGN_OR_RETURN(uint64_t dim,
@@ -217,7 +277,7 @@ StatusOr<HeaderEntry> ParseEntry(const std::string& name, const Json& value,
 
   const Json& offsets = value.at("data_offsets");
   if (!offsets.is_array() || offsets.size() != 2) {
-    return MalformedError(context,
+    return MalformedError(context(),
                           "\"data_offsets\" must be an array of two integers [begin, end]");
   }
   FERRY_ASSIGN_OR_RETURN(entry.begin, ParseUnsigned(offsets[0], "data_offsets[0]", context));
@@ -232,28 +292,28 @@ StatusOr<uint64_t> ValidateLayout(const std::vector<HeaderEntry>& entries,
   uint64_t expected_begin = 0;
   const HeaderEntry* previous = nullptr;
   for (const HeaderEntry& entry : entries) {
-    const std::string context = TensorContext(file_name, entry.name);
+    auto context = [&] { return TensorContext(file_name, entry.name); };
     if (entry.end < entry.begin) {
-      return MalformedError(context, fmt::format("data_offsets [{}, {}] end before they begin",
-                                                 entry.begin, entry.end));
+      return MalformedError(context(), fmt::format("data_offsets [{}, {}] end before they begin",
+                                                   entry.begin, entry.end));
     }
     if (entry.begin != expected_begin) {
       if (previous == nullptr) {
         return MalformedError(
-            context, fmt::format("data_offsets [{}, {}]: the first tensor's data must start at "
-                                 "byte 0 of the data area",
-                                 entry.begin, entry.end));
+            context(), fmt::format("data_offsets [{}, {}]: the first tensor's data must start at "
+                                   "byte 0 of the data area",
+                                   entry.begin, entry.end));
       }
       if (entry.begin > expected_begin) {
         return MalformedError(
-            context,
+            context(),
             fmt::format("data_offsets [{}, {}] leave a gap of {} bytes after "
                         "tensor '{}', which ends at byte {}",
                         entry.begin, entry.end, entry.begin - expected_begin,
                         EscapeForMessage(previous->name, kQuotedNameLength), expected_begin));
       }
       return MalformedError(
-          context,
+          context(),
           fmt::format("data_offsets [{}, {}] overlap tensor '{}', which ends "
                       "at byte {}",
                       entry.begin, entry.end, EscapeForMessage(previous->name, kQuotedNameLength),
@@ -270,20 +330,22 @@ StatusOr<uint64_t> ValidateLayout(const std::vector<HeaderEntry>& entries,
         overflow || __builtin_mul_overflow(num_bytes, static_cast<uint64_t>(DTypeSize(entry.dtype)),
                                            &num_bytes);
     if (overflow) {
-      return MalformedError(context, fmt::format("the byte size of shape [{}] of {} overflows",
-                                                 fmt::join(entry.dims, ", "), entry.dtype_name));
+      return MalformedError(context(), fmt::format("the byte size of shape [{}] of {} overflows",
+                                                   fmt::join(entry.dims, ", "), entry.dtype_name));
     }
     // Stricter than the reference where a zero dim hides huge others (see CheckedTensorBytes).
     if (auto checked = CheckedTensorBytes(entry.dims, DTypeSize(entry.dtype)); !checked.ok()) {
-      return MalformedError(context, fmt::format("the byte size of shape [{}] of {} overflows: {}",
-                                                 fmt::join(entry.dims, ", "), entry.dtype_name,
-                                                 MessageOf(checked.status())));
+      return MalformedError(
+          context(),
+          fmt::format("the byte size of shape [{}] of {} overflows: {}",
+                      fmt::join(entry.dims, ", "), entry.dtype_name, MessageOf(checked.status())));
     }
     if (entry.end - entry.begin != num_bytes) {
       return MalformedError(
-          context, fmt::format("data_offsets [{}, {}] hold {} bytes, but shape [{}] of {} needs {}",
-                               entry.begin, entry.end, entry.end - entry.begin,
-                               fmt::join(entry.dims, ", "), entry.dtype_name, num_bytes));
+          context(),
+          fmt::format("data_offsets [{}, {}] hold {} bytes, but shape [{}] of {} needs {}",
+                      entry.begin, entry.end, entry.end - entry.begin, fmt::join(entry.dims, ", "),
+                      entry.dtype_name, num_bytes));
     }
     expected_begin = entry.end;
     previous = &entry;

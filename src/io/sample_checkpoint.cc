@@ -7,9 +7,7 @@
 namespace ferry {
 
 int64_t SampleTensorBytes(const SampleTensor& tensor) {
-  int64_t count = 1;
-  for (int64_t dim : tensor.dims) count *= dim;
-  return count * DTypeSize(tensor.dtype);
+  return SaturatedProduct(SaturatedNumElements(tensor.dims), DTypeSize(tensor.dtype));
 }
 
 StatusOr<std::vector<SampleTensor>> PlanSampleCheckpoint(int64_t target_bytes, int64_t hidden,

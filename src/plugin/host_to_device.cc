@@ -187,11 +187,18 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
       args->struct_size >= PJRT_STRUCT_SIZE(PJRT_Client_BufferFromHostBuffer_Args, device_layout) &&
       args->device_layout != nullptr;
   if (dtype.has_value() && !has_layout && (*plugin)->HostAddressable(args->client)) {
-    const bool dense =
-        args->byte_strides == nullptr ||
-        HostView(args->data, *dtype, Dims(args->dims, args->dims + args->num_dims),
-                 Dims(args->byte_strides, args->byte_strides + args->num_byte_strides))
-            .IsRowMajorDense();
+    // Validated before anything reads its shape: strides that address bytes beyond int64, or a
+    // size in bytes that overflows (a zero-stride view of huge dims), are refused here.
+    Dims dims(args->dims, args->dims + args->num_dims);
+    Dims strides = args->byte_strides != nullptr
+                       ? Dims(args->byte_strides, args->byte_strides + args->num_byte_strides)
+                       : RowMajorByteStrides(dims, DTypeSize(*dtype));
+    const HostView src(args->data, *dtype, std::move(dims), std::move(strides));
+    if (Status status = src.ComputeAddressedBytes(kWhat).status(); !status.ok()) {
+      CountTransferPath(TransferPath::kRefused);
+      return MakeError(status);
+    }
+    const bool dense = args->byte_strides == nullptr || src.IsRowMajorDense();
     const bool aliasable = IsZeroCopy(args->host_buffer_semantics) && dense && num_elements > 0 &&
                            reinterpret_cast<uintptr_t>(args->data) % kHostAlignment == 0;
     if (!aliasable) {

@@ -286,11 +286,7 @@ class Array {
     CheckAlive();
     return sharded_ ? sharded_->global_dims() : data_->dims();
   }
-  int64_t size() const {
-    int64_t count = 1;
-    for (int64_t dim : dims()) count *= dim;
-    return count;
-  }
+  int64_t size() const { return SaturatedNumElements(dims()); }
   // Bytes of the logical (source) dtype: what to_numpy() returns, as numpy's nbytes.
   int64_t nbytes() const {
     return size() * DTypeSize(sharded_ ? sharded_->logical_dtype() : data_->logical_dtype());

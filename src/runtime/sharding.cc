@@ -23,7 +23,10 @@ StatusOr<Mesh> Mesh::Create(std::vector<Device*> devices, std::vector<int64_t> s
       return InvalidArgumentError(
           fmt::format("mesh shape [{}] has an axis smaller than 1", fmt::join(shape, ", ")));
     }
-    count *= size;
+    if (__builtin_mul_overflow(count, size, &count)) {
+      return InvalidArgumentError(fmt::format("mesh shape [{}] has more devices than int64 counts",
+                                              fmt::join(shape, ", ")));
+    }
   }
   if (count != static_cast<int64_t>(devices.size())) {
     return InvalidArgumentError(fmt::format("mesh shape [{}] needs {} devices, got {}",

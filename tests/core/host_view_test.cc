@@ -96,6 +96,30 @@ TEST(HostViewTest, ByteExtentOverflowIsRejected) {
   EXPECT_EQ(view.ValidateWithin(&value, 4, "x").code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The shape of a view that has not been validated yet is read without overflow: a zero-stride view
+// of huge dims (which validation refuses) is not dense, its element count saturates, and a zero dim
+// makes it empty whatever the others are. UBSan (the asan build) saw the signed overflow here.
+TEST(HostViewTest, ShapeQueriesOfAnUnvalidatedHugeViewDoNotOverflow) {
+  const float value = 1.0f;
+  const int64_t huge = int64_t{1} << 40;
+  const HostView broadcast(&value, DType::kF32, {huge, huge}, {0, 0});
+  EXPECT_FALSE(broadcast.IsRowMajorDense());
+  EXPECT_EQ(broadcast.num_elements(), INT64_MAX);
+  EXPECT_EQ(broadcast.dense_size_bytes(), INT64_MAX);
+  EXPECT_FALSE(broadcast.ComputeAddressedBytes("t").ok());
+  // Dense strides for dims whose byte size alone overflows: still not dense, never UB.
+  const HostView dense_strides(&value, DType::kF32, {int64_t{1} << 31, int64_t{1} << 31},
+                               {int64_t{4} << 31, 4});
+  EXPECT_FALSE(dense_strides.IsRowMajorDense());
+  EXPECT_EQ(dense_strides.num_elements(), int64_t{1} << 62);
+  EXPECT_EQ(dense_strides.dense_size_bytes(), INT64_MAX);
+  const HostView empty(&value, DType::kF32, {huge, huge, 0}, {0, 0, 0});
+  EXPECT_EQ(empty.num_elements(), 0);
+  EXPECT_EQ(empty.dense_size_bytes(), 0);
+  EXPECT_EQ(SaturatedNumElements({huge, -1}), 0);
+  EXPECT_EQ(SaturatedProduct(INT64_MAX / 2, 3), INT64_MAX);
+}
+
 TEST(HostViewTest, DataPointerOutsideRegionIsRejected) {
   std::vector<float> data(4);
   HostView view(data.data() + 8, DType::kF32, {1}, {4});

@@ -2,8 +2,10 @@
 // when they reach them unchecked (REFERENCE.md lists them) must come back as errors; plugin
 // discovery must say what it tried; and transfers larger than one staging chunk must match the
 // host backend byte for byte on both the direct and the plugin's own paths.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -384,6 +386,105 @@ TEST(PjrtTest, NativeHandlesDriveThePluginDirectly) {
     } else {
       EXPECT_TRUE(absl::IsUnimplemented(address.status())) << address.status();
     }
+  }
+}
+
+// The threads of this process now (/proc/self/status), or -1 where it cannot be read.
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+// A client whose options ferry rejects costs nothing: the options are checked before
+// PJRT_Client_Create, and a client made before a later failure is destroyed. Each leaked XLA CPU
+// client keeps its threads (8 here) for the life of the process, so the thread count tells.
+TEST(PjrtTest, RejectedClientOptionsLeaveNoPluginClientBehind) {
+  {
+    PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});  // the plugin loaded, its process-wide threads up
+  }
+  const int before = ThreadCount();
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 5; ++i) {
+    auto no_workers = CreateClient("pjrt", ClientOptions{.num_worker_threads = 0});
+    EXPECT_EQ(no_workers.status().code(), absl::StatusCode::kInvalidArgument)
+        << no_workers.status();
+    // Refused after PJRT_Client_Create: the plugin's option asks for a device ferry then drops.
+    auto no_devices = CreateClient(
+        "pjrt",
+        ClientOptions{.num_devices = 0, .plugin_options = {{"cpu_device_count", int64_t{1}}}});
+    EXPECT_FALSE(no_devices.ok());
+  }
+  EXPECT_LE(ThreadCount(), before);
+}
+
+// A fake copy of the plugin's function table whose PJRT_Buffer_ReadyEvent fails, installed in
+// ferry's cached PjrtLibrary for the plugin while it lives (the client made meanwhile calls it);
+// everything else is the real plugin. Its error is a sentinel the wrapped error functions know.
+class FailingReadyEvent {
+ public:
+  explicit FailingReadyEvent(const pjrt::PjrtLibrary* library)
+      : library_(const_cast<pjrt::PjrtLibrary*>(library)) {
+    real_ = library->api;
+    std::memcpy(&fake_, real_, std::min(real_->struct_size, sizeof(PJRT_Api)));
+    fake_.PJRT_Buffer_ReadyEvent = [](PJRT_Buffer_ReadyEvent_Args*) { return Sentinel(); };
+    fake_.PJRT_Error_Message = [](PJRT_Error_Message_Args* args) {
+      if (args->error != Sentinel()) return real_->PJRT_Error_Message(args);
+      args->message = kMessage;
+      args->message_size = std::strlen(kMessage);
+    };
+    fake_.PJRT_Error_GetCode = [](PJRT_Error_GetCode_Args* args) -> PJRT_Error* {
+      if (args->error != Sentinel()) return real_->PJRT_Error_GetCode(args);
+      args->code = PJRT_Error_Code_RESOURCE_EXHAUSTED;
+      return nullptr;
+    };
+    fake_.PJRT_Error_Destroy = [](PJRT_Error_Destroy_Args* args) {
+      if (args->error != Sentinel()) real_->PJRT_Error_Destroy(args);
+    };
+    library_->api = &fake_;
+  }
+  ~FailingReadyEvent() { library_->api = real_; }
+  FailingReadyEvent(const FailingReadyEvent&) = delete;
+  FailingReadyEvent& operator=(const FailingReadyEvent&) = delete;
+
+  static constexpr const char* kMessage = "no ready event (test)";
+
+ private:
+  static PJRT_Error* Sentinel() {
+    static char sentinel;
+    return reinterpret_cast<PJRT_Error*>(&sentinel);
+  }
+
+  pjrt::PjrtLibrary* const library_;
+  static inline const PJRT_Api* real_ = nullptr;
+  PJRT_Api fake_{};
+};
+
+// A buffer whose ready event the plugin cannot give is not ready: its error comes back from the
+// put (kImmutableOnlyDuringCall waits for readiness) or from Ready(), never an OK.
+TEST(PjrtTest, FailedReadyEventIsTheBuffersError) {
+  StatusOr<std::string> path = pjrt::FindPjrtPlugin("");
+  if (!path.ok()) GTEST_SKIP() << path.status();
+  StatusOr<const pjrt::PjrtLibrary*> library = pjrt::LoadPjrtLibrary(*path);
+  ASSERT_TRUE(library.ok()) << library.status();
+  FailingReadyEvent failing(*library);
+  // The plugin's own put (as on a GPU), where ferry asks for the ready event.
+  PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = false});
+  alignas(64) static float source[64] = {};
+  for (HostBufferSemantics semantics : {HostBufferSemantics::kImmutableOnlyDuringCall,
+                                        HostBufferSemantics::kImmutableUntilTransferCompletes,
+                                        HostBufferSemantics::kImmutableZeroCopy}) {
+    SCOPED_TRACE(HostBufferSemanticsName(semantics));
+    StatusOr<std::unique_ptr<Buffer>> buffer =
+        client->BufferFromHostBuffer(HostView::Dense(source, DType::kF32, {64}), DType::kF32,
+                                     client->devices()[0], semantics, nullptr, "unready");
+    const Status status = buffer.ok() ? (*buffer)->Ready().Await() : buffer.status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(FailingReadyEvent::kMessage));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("unready"));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ferry/io/tensor_file.h"
+#include "fmt/format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "io_test_util.h"
@@ -387,6 +388,52 @@ TEST(SafetensorsReaderTest, TrailingBytesAfterTheLastTensorAreRejected) {
 TEST(SafetensorsReaderTest, DataPastTheEndOfTheFileIsRejected) {
   ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[4],"data_offsets":[0,4]})", "ab"),
                  {"data ends at byte 4 of the data area", "only 2 bytes of data"});
+}
+
+// A header of `count` one-byte U8 tensors, named so that the header's (alphabetical) order is the
+// reverse of their data order: tensor "t<i>" holds byte count - 1 - i.
+std::string ManyTensorHeader(int count, const std::string& extra_entry = "") {
+  std::string header = "{";
+  for (int i = 0; i < count; ++i) {
+    const int offset = count - 1 - i;
+    header += fmt::format(R"({}"t{:06}":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})",
+                          i == 0 ? "" : ",", i, offset, offset + 1);
+  }
+  return header + extra_entry + "}";
+}
+
+std::string CountingBytes(int count) {
+  std::string data(static_cast<size_t>(count), '\0');
+  for (int i = 0; i < count; ++i) data[i] = static_cast<char>(i % 251);
+  return data;
+}
+
+// A hostile header is 200,000 tiny tensors (13 MB, well under the 100 MB limit). Parsing was
+// quadratic in the tensor count (nlohmann's callback parser scans the whole top-level object for a
+// discarded value each time an entry ends): 20,000 tensors took 34 s and this file would outlast
+// the test's 300 s timeout. Linear, it parses in well under a second, every tensor in data order.
+TEST(SafetensorsReaderTest, HeaderOfTwoHundredThousandTensorsIsParsedWhole) {
+  constexpr int kCount = 200'000;
+  auto parsed = ParseBytes(SafetensorsBytes(ManyTensorHeader(kCount), CountingBytes(kCount)),
+                           "many.safetensors");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->tensors().size(), static_cast<size_t>(kCount));
+  for (int offset : {0, 1, kCount / 2, kCount - 1}) {
+    const TensorFileEntry& entry = parsed->tensors()[offset];
+    EXPECT_EQ(entry.name, fmt::format("t{:06}", kCount - 1 - offset));
+    EXPECT_EQ(entry.source->view().dims, Dims({1}));
+    EXPECT_EQ(*static_cast<const uint8_t*>(entry.source->view().data), offset % 251);
+  }
+}
+
+// The duplicate-name check holds at that size too: the second "t000000", at the end of the header,
+// is found and named.
+TEST(SafetensorsReaderTest, DuplicateNameAmongTwoHundredThousandTensorsIsRejected) {
+  constexpr int kCount = 200'000;
+  const std::string duplicate = fmt::format(
+      R"(,"t000000":{{"dtype":"U8","shape":[1],"data_offsets":[{},{}]}})", kCount, kCount + 1);
+  ExpectRejected(SafetensorsBytes(ManyTensorHeader(kCount, duplicate), CountingBytes(kCount + 1)),
+                 {"the key \"t000000\" twice"});
 }
 
 TEST(SafetensorsReaderTest, FormatIsDetectedAsSafetensorsWithoutMagic) {

@@ -211,6 +211,21 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
   cases.back().args.client = nullptr;
   cases.push_back({"semantics", base(), "unknown host_buffer_semantics"});
   SetRaw(cases.back().args.host_buffer_semantics, 77);
+  // Shapes whose size in bytes overflows int64 (the element count alone fits), refused before
+  // anything multiplies them out: the row-major strides of such a shape read as dense once the
+  // product wrapped, and an aligned zero-copy source was then handed to the plugin as an alias.
+  alignas(64) static const float aligned[16] = {};
+  const std::vector<int64_t> huge = {int64_t{1} << 31, int64_t{1} << 31};
+  const std::vector<int64_t> huge_dense_strides = {int64_t{4} << 31, 4};
+  const std::vector<int64_t> zero_strides = {0, 0};
+  cases.push_back({"dense strides of an overflowing size",
+                   client.PutArgs(aligned, PJRT_Buffer_Type_F32, huge, &huge_dense_strides),
+                   "overflows"});
+  cases.push_back({"zero strides of an overflowing size",
+                   client.PutArgs(aligned, PJRT_Buffer_Type_F32, huge, &zero_strides),
+                   "overflows"});
+  cases.push_back({"overflowing dense size",
+                   client.PutArgs(aligned, PJRT_Buffer_Type_F32, huge, nullptr), "overflows"});
   for (Case& c : cases) {
     std::string error = Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&c.args));
     EXPECT_NE(error.find("ferry_pjrt_plugin"), std::string::npos) << c.name << ": " << error;

@@ -26,6 +26,17 @@ Dims RowMajorByteStrides(absl::Span<const int64_t> dims, int64_t element_size);
 // Number of elements of `dims`, or InvalidArgument on a negative dim or int64 overflow.
 StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> dims);
 
+// The number of elements of `dims`, defined for any dims (a view not validated yet, a device
+// buffer's shape): exact when it fits int64; 0 when a dim is 0 or negative, even where the others
+// would overflow; INT64_MAX when the product overflows. Such a view then fails validation.
+int64_t SaturatedNumElements(absl::Span<const int64_t> dims);
+
+// a * b for a, b >= 0, INT64_MAX when the product overflows.
+inline int64_t SaturatedProduct(int64_t a, int64_t b) {
+  int64_t product;
+  return __builtin_mul_overflow(a, b, &product) ? INT64_MAX : product;
+}
+
 // The bytes a view addresses, relative to its data pointer: [begin, end).
 // An empty view (some dim is 0) addresses nothing: begin == end == 0.
 struct AddressedBytes {
@@ -71,11 +82,13 @@ struct BasicHostView {
 
   int64_t rank() const { return static_cast<int64_t>(dims.size()); }
   int64_t element_size() const { return DTypeSize(dtype); }
-  // Assumes a validated view (no overflow).
-  int64_t num_elements() const;
-  // Bytes of the dense tensor with the same dims and dtype.
-  int64_t dense_size_bytes() const { return num_elements() * element_size(); }
-  // True when the strides are exactly the row-major ones (size-1 dims may have any stride).
+  // Exact for a validated view; saturated for any other (SaturatedNumElements).
+  int64_t num_elements() const { return SaturatedNumElements(dims); }
+  // Bytes of the dense tensor with the same dims and dtype (saturated as num_elements is).
+  int64_t dense_size_bytes() const { return SaturatedProduct(num_elements(), element_size()); }
+  // True when the strides are exactly the row-major ones (size-1 dims may have any stride). False
+  // for a view whose dense size overflows int64 (no memory holds it densely), so it is safe to ask
+  // before validation.
   bool IsRowMajorDense() const;
   // True when the bytes in memory are the elements as the host reads them: not byte_swapped, or
   // a dtype without byte order (1-byte elements). Raw-memory paths need this.

@@ -59,9 +59,7 @@ HostBuffer::HostBuffer(HostDevice* device, DType device_dtype, Dims dims,
 Device* HostBuffer::device() const { return device_; }
 
 int64_t HostBuffer::size_bytes() const {
-  int64_t count = 1;
-  for (int64_t dim : dims_) count *= dim;
-  return count * DTypeSize(device_dtype_);
+  return SaturatedProduct(SaturatedNumElements(dims_), DTypeSize(device_dtype_));
 }
 
 StatusOr<HostView> HostBuffer::HostAccessibleView() const {
@@ -81,8 +79,8 @@ Future<> HostBuffer::ToHost(const MutableHostView& dst) {
   if (!plan.ok()) return Future<>::Ready(plan.status());
 
   Promise<> promise;
-  const bool small =
-      plan->num_elements() * DTypeSize(device_dtype_) <= HostClient::kInlineCopyBytes;
+  const bool small = SaturatedProduct(plan->num_elements(), DTypeSize(device_dtype_)) <=
+                     HostClient::kInlineCopyBytes;
   // The read holds the memory (an allocation, or an alias and so its on_done) until it is over.
   ready_.OnReady([promise, plan = *std::move(plan), engine = engine_, allocation = allocation_,
                   small](const Status& ready) mutable {

@@ -105,7 +105,7 @@ StatusOr<Future<>> WriteThroughEngine(TransferEngine& engine, CopyConvertPlan pl
                                       std::shared_ptr<const void> device_memory,
                                       std::shared_ptr<void> hold_until_ready) {
   if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    if (plan.num_elements() * DTypeSize(plan.src_dtype()) <= kInlineWriteBytes) {
+    if (SaturatedProduct(plan.num_elements(), DTypeSize(plan.src_dtype())) <= kInlineWriteBytes) {
       plan.CopyAll();
     } else {
       // Spread the copy over the workers and wait: the call may not return before the source has

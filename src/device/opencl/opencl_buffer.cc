@@ -186,7 +186,7 @@ void StartRead(ReadRequest request) {
       break;
     }
     case PathKind::kStaged: {
-      const int64_t dst_bytes = request.dst.num_elements() * request.dst.element_size();
+      const int64_t dst_bytes = request.dst.dense_size_bytes();
       if (std::max(device_bytes, dst_bytes) <= kInlineCopyBytes) {
         // Small: read into a block of our own and convert out of it in the callback.
         StatusOr<HostBlock> block = AllocateHostBlock(device_bytes, request.what);

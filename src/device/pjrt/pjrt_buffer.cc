@@ -23,9 +23,7 @@ constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
 constexpr int kReadWindow = 2;
 
 int64_t DenseBytes(const PjrtBufferParts& parts) {
-  int64_t count = 1;
-  for (int64_t dim : parts.dims) count *= dim;
-  return count * DTypeSize(parts.device_dtype);
+  return SaturatedProduct(SaturatedNumElements(parts.dims), DTypeSize(parts.device_dtype));
 }
 
 PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts) {

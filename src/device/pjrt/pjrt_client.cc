@@ -208,7 +208,12 @@ std::string PjrtDevice::description() const {
 StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& options) {
   FERRY_ASSIGN_OR_RETURN(const std::string path, FindPjrtPlugin(options.pjrt_plugin.value_or("")));
   FERRY_ASSIGN_OR_RETURN(const PjrtLibrary* library, LoadPjrtLibrary(path));
+  // Every option is checked before PJRT_Client_Create: a plugin's client is expensive to make
+  // and to leak (its threads; on a GPU its preallocated device memory).
   FERRY_ASSIGN_OR_RETURN(NamedValues named, MakeNamedValues(options));
+  const int num_workers = options.num_worker_threads.value_or(
+      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  if (num_workers < 1) return InvalidArgumentError("the pjrt backend needs a worker thread");
   auto args = FERRY_PJRT_ARGS(PJRT_Client_Create_Args);
   args.create_options = named.values.data();
   args.num_options = named.values.size();
@@ -217,11 +222,9 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
         ErrorToStatus(*library->api, error, fmt::format("PJRT_Client_Create ({})", path));
     return UnavailableError(status.message());
   }
-  const int num_workers = options.num_worker_threads.value_or(
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  if (num_workers < 1) return InvalidArgumentError("the pjrt backend needs a worker thread");
-  std::unique_ptr<PjrtClient> client(
-      new PjrtClient(std::make_shared<PjrtRuntime>(*library, args.client), num_workers));
+  // Owned from here: whatever fails next, the runtime's destructor destroys the PJRT client.
+  auto runtime = std::make_shared<PjrtRuntime>(*library, args.client);
+  std::unique_ptr<PjrtClient> client(new PjrtClient(std::move(runtime), num_workers));
   FERRY_RETURN_IF_ERROR(client->Initialize(options));
   return std::unique_ptr<Client>(std::move(client));
 }
@@ -441,8 +444,11 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
 
   auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
   ready_args.buffer = args.buffer;
+  // When the plugin gives no ready event, its error is the buffer's readiness: a null event
+  // would read as ready (OnEventReady and AwaitEvent take null for "nothing to wait for").
   Status ready_event_status =
-      runtime_->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "Buffer_ReadyEvent");
+      runtime_->Check(api.PJRT_Buffer_ReadyEvent(&ready_args),
+                      fmt::format("tensor '{}': Buffer_ReadyEvent", tensor_name));
   PJRT_Event* ready_event = ready_event_status.ok() ? ready_args.event : nullptr;
 
   if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
@@ -450,8 +456,10 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     // waited for anyway (a plugin that breaks the promise costs a wait, not a use-after-free).
     Status read = AwaitEvent(api, args.done_with_host_buffer, "done_with_host_buffer");
     if (on_done) std::move(on_done)();
-    Status ready = read.ok() ? AwaitEvent(api, ready_event, fmt::format("tensor '{}'", tensor_name))
-                             : (DestroyEvent(api, ready_event), read);
+    Status ready = !read.ok() ? (DestroyEvent(api, ready_event), read)
+                   : !ready_event_status.ok()
+                       ? ready_event_status
+                       : AwaitEvent(api, ready_event, fmt::format("tensor '{}'", tensor_name));
     FERRY_RETURN_IF_ERROR(ready);
     parts.ready = Future<>::Ready(OkStatus());
     return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
@@ -468,13 +476,15 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
           if (on_done) std::move(on_done)();
         },
         "done_with_host_buffer");
-    OnEventReady(
-        api, ready_event,
-        [ready, token = std::move(token)](Status status) mutable {
-          ready.Set(std::move(status));  // before the token: the client waits for both
-          token.Release();
-        },
-        fmt::format("tensor '{}'", tensor_name));
+    auto set_ready = [ready, token = std::move(token)](Status status) mutable {
+      ready.Set(std::move(status));  // before the token: the client waits for both
+      token.Release();
+    };
+    if (ready_event_status.ok()) {
+      OnEventReady(api, ready_event, std::move(set_ready), fmt::format("tensor '{}'", tensor_name));
+    } else {
+      set_ready(ready_event_status);
+    }
   } else {
     // Ready() completes once the data has arrived and on_done has returned.
     auto counter =
