@@ -444,12 +444,24 @@ def _array_block_until_ready(self: Array) -> Array:
 
 
 def _array_array(self: Array, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-    """numpy's array protocol (numpy 2): the data read into a new array, so copy=False (which asks
-    numpy never to copy) raises ValueError, as the protocol requires."""
-    if copy is False:
-        raise ValueError(
-            "a ferry.Array's data is on a device: numpy cannot use it without a copy "
-            "(numpy.array(a, copy=False)); use numpy.asarray(a) or a.to_numpy()")
+    """numpy's array protocol (numpy 2). Without a copy where numpy can read the data where it lies
+    (an unsharded array in host-addressable memory, stored in its own dtype): a read-only view that
+    keeps the device memory alive, even past `delete()`. copy=True (numpy.array's default) always
+    copies; copy=None (numpy.asarray) copies only where a view is impossible; copy=False raises
+    ValueError there, as the protocol requires."""
+    if copy is not True:
+        view, reason = self._numpy_view()
+        if view is not None:
+            logical = _NUMPY_DTYPES[self._dtype_name]
+            if view.dtype != logical:  # bfloat16 and float8 are made as uints of their size
+                view = view.view(logical)
+            if dtype is None or np.dtype(dtype) == view.dtype:
+                return view
+            reason = f"it holds {view.dtype}, not the {np.dtype(dtype)} asked for"
+        if copy is False:
+            raise ValueError(
+                f"numpy cannot use this ferry.Array without a copy (copy=False): {reason}; use "
+                "numpy.asarray(a) or a.to_numpy() to copy")
     result = self.to_numpy()
     return result if dtype is None else result.astype(dtype, copy=False)
 
