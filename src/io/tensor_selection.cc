@@ -101,13 +101,15 @@ TensorSelector::TensorSelector(std::vector<std::string> names, std::vector<std::
       patterns_(std::move(patterns)),
       exclude_(std::move(exclude)),
       name_found_(names_.size(), false),
-      pattern_matched_(patterns_.size(), false) {}
+      pattern_matched_(patterns_.size(), false) {
+  for (size_t i = 0; i < names_.size(); ++i) name_index_.emplace(names_[i], i);
+}
 
 bool TensorSelector::Selects(std::string_view name) {
   ++seen_;
   bool included = names_.empty() && patterns_.empty();
-  for (size_t i = 0; i < names_.size(); ++i) {
-    if (names_[i] == name) name_found_[i] = included = true;
+  if (const auto found = name_index_.find(name); found != name_index_.end()) {
+    name_found_[found->second] = included = true;
   }
   for (size_t i = 0; i < patterns_.size(); ++i) {
     if (GlobMatches(patterns_[i], name)) pattern_matched_[i] = included = true;
@@ -124,7 +126,7 @@ Status TensorSelector::CheckEverythingMatched(std::string_view where) const {
   using io_internal::EscapeForMessage;
   using io_internal::kQuotedNameLength;
   for (size_t i = 0; i < names_.size(); ++i) {
-    if (!name_found_[i]) {
+    if (!name_found_[name_index_.at(names_[i])]) {  // a name given twice: its first index
       return absl::NotFoundError(fmt::format(
           "no tensor named '{}' in {}", EscapeForMessage(names_[i], kQuotedNameLength), where));
     }

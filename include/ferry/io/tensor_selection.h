@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "ferry/core/status.h"
@@ -33,6 +34,11 @@ class TensorSelector {
  public:
   TensorSelector(std::vector<std::string> names, std::vector<std::string> patterns,
                  std::vector<std::string> exclude);
+  // Not copyable (name_index_ views names_); moving keeps the strings where they are.
+  TensorSelector(const TensorSelector&) = delete;
+  TensorSelector& operator=(const TensorSelector&) = delete;
+  TensorSelector(TensorSelector&&) = default;
+  TensorSelector& operator=(TensorSelector&&) = default;
 
   // Whether any names or patterns were given (an empty selector selects every tensor).
   bool empty() const { return names_.empty() && patterns_.empty() && exclude_.empty(); }
@@ -51,7 +57,10 @@ class TensorSelector {
   std::vector<std::string> names_;
   std::vector<std::string> patterns_;
   std::vector<std::string> exclude_;
-  std::vector<bool> name_found_;       // per entry of names_
+  // names_ by name, to their first index: a load of thousands of named tensors from a file of
+  // tens of thousands stays linear.
+  std::unordered_map<std::string_view, size_t> name_index_;
+  std::vector<bool> name_found_;       // per entry of names_ (set at a name's first index)
   std::vector<bool> pattern_matched_;  // per entry of patterns_
   int64_t seen_ = 0;                   // names asked about
   int64_t selected_ = 0;               // names selected
