@@ -874,8 +874,8 @@ NB_MODULE(_ferry, m) {
           "Pickling support: the data travels as a numpy array and is put back on a device of "
           "the same name (a sharded array on a mesh of the same device names).")
       .def("delete", &Array::Delete,
-           "Releases the device memory (once no transfer still uses it); is_deleted() is then "
-           "True.")
+           "Releases the device memory (once no transfer and no numpy view from numpy.asarray "
+           "still uses it); is_deleted() is then True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
       .def("_numpy_view", &Array::NumpyView)
