@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -444,12 +444,24 @@ def _array_block_until_ready(self: Array) -> Array:
 
 
 def _array_array(self: Array, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-    """numpy's array protocol (numpy 2): the data read into a new array, so copy=False (which asks
-    numpy never to copy) raises ValueError, as the protocol requires."""
-    if copy is False:
-        raise ValueError(
-            "a ferry.Array's data is on a device: numpy cannot use it without a copy "
-            "(numpy.array(a, copy=False)); use numpy.asarray(a) or a.to_numpy()")
+    """numpy's array protocol (numpy 2). Without a copy where numpy can read the data where it lies
+    (an unsharded array in host-addressable memory, stored in its own dtype): a read-only view that
+    keeps the device memory alive, even past `delete()`. copy=True (numpy.array's default) always
+    copies; copy=None (numpy.asarray) copies only where a view is impossible; copy=False raises
+    ValueError there, as the protocol requires."""
+    if copy is not True:
+        view, reason = self._numpy_view()
+        if view is not None:
+            logical = _NUMPY_DTYPES[self._dtype_name]
+            if view.dtype != logical:  # bfloat16 and float8 are made as uints of their size
+                view = view.view(logical)
+            if dtype is None or np.dtype(dtype) == view.dtype:
+                return view
+            reason = f"it holds {view.dtype}, not the {np.dtype(dtype)} asked for"
+        if copy is False:
+            raise ValueError(
+                f"numpy cannot use this ferry.Array without a copy (copy=False): {reason}; use "
+                "numpy.asarray(a) or a.to_numpy() to copy")
     result = self.to_numpy()
     return result if dtype is None else result.astype(dtype, copy=False)
 
@@ -848,16 +860,35 @@ class TensorFile(Mapping):
         return f"ferry.TensorFile({self._path!r}, format={self._format}, tensors={len(self)})"
 
 
-def open_file(path: str | os.PathLike) -> TensorFile:
+def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
+    """names=, pattern=, exclude=: one string, or any iterable of strings (a bare string is one
+    name, never its characters)."""
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else list(value)
+    for each in values:
+        if not isinstance(each, str):
+            raise TypeError(f"{argument}= takes strings, not {type(each).__name__}")
+    return values
+
+
+def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = None,
+              pattern: str | Iterable[str] | None = None,
+              exclude: str | Iterable[str] | None = None) -> TensorFile:
     """Maps and validates a safetensors, .npy or .npz file (the format comes from its first bytes)
     and returns its tensors as read-only numpy arrays, without copying little-endian data.
 
+    `names`, `pattern` and `exclude` choose tensors (see `load_file`); the others are not read.
+
     Malformed files raise InvalidArgumentError with a message that names the file, the tensor
     and the broken rule; file-system errors raise NotFoundError, PermissionDeniedError, ...
+    A name or pattern that matches no tensor raises NotFoundError naming it.
     The GIL is released while the file is opened and parsed.
     """
     path = os.fspath(path)
-    format_name, metadata, raw = _ferry._load_file(path)
+    format_name, metadata, raw = _ferry._load_file(
+        path, _string_list(names, "names"), _string_list(pattern, "pattern"),
+        _string_list(exclude, "exclude"))
     entries = []
     for name, data, dtype_name, zero_copy, byte_swapped in raw:
         logical = _NUMPY_DTYPES[dtype_name]
@@ -888,8 +919,23 @@ def load_file(
     device_dtype: Any = None,
     device_dtype_all: bool = False,
     sharding: Any = None,
+    names: str | Iterable[str] | None = None,
+    pattern: str | Iterable[str] | None = None,
+    exclude: str | Iterable[str] | None = None,
 ) -> dict[str, np.ndarray] | dict[str, Array]:
-    """Every tensor of a safetensors, .npy or .npz file, by name (see `open_file`).
+    """Every tensor of a safetensors, .npy or .npz file, by name (see `open_file`), or the ones
+    `names`, `pattern` and `exclude` choose.
+
+    Choosing tensors: `names` is a tensor name or a list of exact names; `pattern` a glob or a
+    list of globs (`fnmatch.fnmatchcase` rules: `*` any characters, dots included, `?` one
+    character, `[abc]`, `[a-z]`, `[!abc]`; case-sensitive, matched against the whole name);
+    `exclude` globs of tensors to leave out. A tensor is loaded when it is one of `names` or
+    matches a `pattern` (every tensor when neither is given) and matches no `exclude`. Only the
+    chosen tensors' bytes are read (a compressed .npz member not chosen is not even inflated); the
+    dict holds them in file order. A name the file does not hold, or a pattern that matches none of
+    its tensors, raises `NotFoundError` naming it; an `exclude` that matches nothing is fine, one
+    that leaves nothing to load raises `InvalidArgumentError`. The same rules as
+    `ferry put --only/--exclude`, in every mode below (numpy, device, sharding).
 
     Without `device` (and `device_dtype`): read-only numpy arrays, zero-copy views of the mapped
     file where the data is stored little-endian and uncompressed; each array keeps the mapping
@@ -912,8 +958,9 @@ def load_file(
             raise InvalidArgumentError(
                 "load_file: give a device or a sharding, not both (the sharding's mesh names the "
                 "devices)")
-        return _load_file_sharded(path, sharding, device_dtype, device_dtype_all)
-    arrays = dict(open_file(path))
+        return _load_file_sharded(path, sharding, device_dtype, device_dtype_all,
+                                  dict(names=names, pattern=pattern, exclude=exclude))
+    arrays = dict(open_file(path, names=names, pattern=pattern, exclude=exclude))
     if device is None and device_dtype is None:
         return arrays
     names = list(arrays)
@@ -977,13 +1024,14 @@ def _describe_plan(shardings: dict[str, Sharding], arrays: dict[str, np.ndarray]
     ])
 
 
-def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all: bool) -> dict[str, Array]:
+def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all: bool,
+                       selection: dict[str, Any]) -> dict[str, Array]:
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     arrays: dict[str, np.ndarray] = {}
     shardings: dict[str, Sharding] = {}
     # Step names are the same on every rank (the agreed error names the failing rank's file).
     with distributed.agreed("load_file: opening the file"):
-        arrays = dict(open_file(path))
+        arrays = dict(open_file(path, **selection))
         shardings = {name: _sharding_for(rule, name, array) for name, array in arrays.items()}
     if process_count() > 1:
         _ferry._agree_on_value(_describe_plan(shardings, arrays),

@@ -66,6 +66,8 @@ StatusOr<ParsedTensors> ParseNpz(const std::shared_ptr<const MappedFile>& file,
       return MalformedError(member_context, "an .npz holds only NAME.npy members");
     }
     std::string tensor_name(name.substr(0, name.size() - kNpySuffix.size()));
+    // An unselected member is left unread (not inflated, its header not parsed).
+    if (options.selector != nullptr && !options.selector->Selects(tensor_name)) continue;
     const absl::Span<const std::byte> stored = file->bytes().subspan(
         static_cast<size_t>(member.data_offset), static_cast<size_t>(member.compressed_size));
     if (member.method == kZipStored) {

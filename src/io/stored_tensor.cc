@@ -49,7 +49,10 @@ StatusOr<TensorFileEntry> MakeTensorEntry(const StoredTensor& tensor, const std:
   const int64_t element_size = DTypeSize(tensor.dtype);
   Dims strides = tensor.fortran_order ? ColumnMajorByteStrides(tensor.dims, element_size)
                                       : RowMajorByteStrides(tensor.dims, element_size);
-  std::string source_name = fmt::format("{}:{}", file_name, tensor.name);
+  // The source's name goes into every transfer error about it: escaped here, once, because the
+  // tensor name came from the file and may hold terminal control characters.
+  std::string source_name = fmt::format("{}:{}", EscapeForMessage(file_name, kQuotedPathLength),
+                                        EscapeForMessage(tensor.name, kQuotedNameLength));
 
   TensorFileEntry entry;
   entry.name = tensor.name;

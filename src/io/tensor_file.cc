@@ -1,7 +1,9 @@
 #include "ferry/io/tensor_file.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <utility>
@@ -63,6 +65,30 @@ class NoReadAroundWhileParsing {
   const MappedFile& file_;
 };
 
+// The file bytes of `tensors` (those stored in the file), sorted, with ranges less than a page
+// apart merged: the kernel reads whole pages anyway, and thousands of small adjacent tensors
+// become one read-ahead instead of thousands.
+std::vector<std::pair<int64_t, int64_t>> SelectedDataRanges(
+    const std::vector<TensorFileEntry>& tensors, int64_t file_size) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const TensorFileEntry& entry : tensors) {
+    if (entry.file_offset < 0) continue;  // inflated: its bytes are in memory already
+    const int64_t size = entry.source->view().dense_size_bytes();
+    ranges.emplace_back(entry.file_offset, std::min(file_size, entry.file_offset + size));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  const int64_t page_size = ::sysconf(_SC_PAGESIZE);
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& range : ranges) {
+    if (!merged.empty() && range.first <= merged.back().second + page_size) {
+      merged.back().second = std::max(merged.back().second, range.second);
+    } else {
+      merged.push_back(range);
+    }
+  }
+  return merged;
+}
+
 }  // namespace
 
 std::string_view TensorFileFormatName(TensorFileFormat format) {
@@ -90,7 +116,7 @@ const TensorFileEntry* TensorFile::Find(std::string_view name) const {
 }
 
 void TensorFile::Prefetch(int touch_threads) const {
-  file_->Prefetch(data_begin_, data_end_ - data_begin_, touch_threads);
+  for (const auto& [begin, end] : data_ranges_) file_->Prefetch(begin, end - begin, touch_threads);
 }
 
 StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
@@ -112,12 +138,22 @@ StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
   }
   if (!parsed.ok()) return parsed.status();
   TensorFile result;
-  result.file_ = std::move(file);
   result.format_ = format;
-  result.tensors_ = std::move(parsed->tensors);
   result.metadata_ = std::move(parsed->metadata);
-  result.data_begin_ = parsed->data_begin;
-  result.data_end_ = parsed->data_end;
+  if (options.selector == nullptr) {
+    result.tensors_ = std::move(parsed->tensors);
+    result.data_ranges_.emplace_back(parsed->data_begin, parsed->data_end);
+  } else {
+    // ParseNpz asked the selector already (to leave unselected members unread); the other
+    // formats' entries only point into the mapping, so they are chosen here.
+    for (TensorFileEntry& entry : parsed->tensors) {
+      if (format == TensorFileFormat::kNpz || options.selector->Selects(entry.name)) {
+        result.tensors_.push_back(std::move(entry));
+      }
+    }
+    result.data_ranges_ = SelectedDataRanges(result.tensors_, file->size());
+  }
+  result.file_ = std::move(file);
   return result;
 }
 

@@ -56,6 +56,12 @@ int Utf8SequenceLength(std::string_view text) {
   return length;
 }
 
+Utf8Character FirstCharacter(std::string_view text) {
+  const int length = Utf8SequenceLength(text);
+  if (length == 0) return {0x110000u + static_cast<unsigned char>(text[0]), 1};
+  return {DecodeCodePoint(text.substr(0, static_cast<size_t>(length))), length};
+}
+
 int64_t FindInvalidUtf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {

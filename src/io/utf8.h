@@ -18,6 +18,15 @@ int64_t FindInvalidUtf8(std::string_view text);
 // or does not start with one.
 int Utf8SequenceLength(std::string_view text);
 
+// The character that starts non-empty `text`: its code point and its length in bytes. A byte that
+// does not start a valid sequence is a character of its own, numbered above U+10FFFF
+// (0x110000 + the byte) so that it equals no real character.
+struct Utf8Character {
+  uint32_t code_point = 0;
+  int length = 0;
+};
+Utf8Character FirstCharacter(std::string_view text);
+
 // `text` (UTF-8, possibly invalid) made safe to print inside a quoted error message: at most
 // `max_characters` whole characters, then "..." when there were more. Printable characters stay as
 // they are, non-ASCII ones included; a backslash is written `\\`; control characters (C0, DEL,

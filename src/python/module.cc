@@ -218,6 +218,19 @@ struct HostCopy {
   Future<> done;
 };
 
+// A Data handle held by a numpy view of the array's memory. In a forked child it is let go of
+// without its destructor, which may wait for the parent's engine threads (as Array::Abandon).
+struct ForkSafeDataRef {
+  explicit ForkSafeDataRef(DataPtr data_ref) : data(std::move(data_ref)) {}
+  ForkSafeDataRef(const ForkSafeDataRef&) = delete;
+  ForkSafeDataRef& operator=(const ForkSafeDataRef&) = delete;
+  ~ForkSafeDataRef() {
+    if (generation != ForkGeneration()) new DataPtr(std::move(data));
+  }
+  DataPtr data;
+  uint64_t generation = ForkGeneration();
+};
+
 // A device array: one Data handle, or a tensor sharded over a mesh.
 class Array {
  public:
@@ -423,6 +436,35 @@ class Array {
     return DLPackCapsule(copied_view, std::shared_ptr<const void>(copied), how);
   }
   void set_read_only_alias(bool read_only) { read_only_alias_ = read_only; }
+
+  // (numpy array, "") where numpy can read the data where it lies: an unsharded array, stored in
+  // its own (logical) dtype, in memory the host addresses (the host device; a pjrt CPU plugin's).
+  // The numpy array is read-only (an Array is immutable) and holds the Data handle, so the memory
+  // stays valid while it or any view of it lives, whatever happens to this Array: delete() drops
+  // only the Array's own reference. Waits for the transfer into the array first. Otherwise
+  // (None, why not), for numpy's copy=False error.
+  nb::tuple NumpyView() const {
+    if (sharded_) {
+      return nb::make_tuple(nb::none(),
+                            "it is sharded, and numpy needs the shards assembled into one copy");
+    }
+    DataPtr data_ref = data();
+    if (data_ref->device_dtype() != data_ref->logical_dtype()) {
+      return nb::make_tuple(nb::none(), fmt::format("the device stores it as {}, not as its {}",
+                                                    DTypeName(data_ref->device_dtype()),
+                                                    DTypeName(data_ref->logical_dtype())));
+    }
+    const StatusOr<BufferAddress> address = data_ref->buffer().DataAddress();
+    if (!address.ok() || address->space != AddressSpace::kHost) {
+      return nb::make_tuple(nb::none(), fmt::format("its memory on {} is not host memory",
+                                                    data_ref->device()->name()));
+    }
+    block_until_ready();
+    const HostView view =
+        HostView::Dense(address->data, data_ref->device_dtype(), data_ref->buffer().dims());
+    return nb::make_tuple(
+        ReadOnlyNumpyView(view, std::make_shared<const ForkSafeDataRef>(data_ref), "array"), "");
+  }
 
  private:
   // In a forked child, the parent's handles are let go of without their destructors, which may
@@ -823,10 +865,11 @@ NB_MODULE(_ferry, m) {
           "Pickling support: the data travels as a numpy array and is put back on a device of "
           "the same name (a sharded array on a mesh of the same device names).")
       .def("delete", &Array::Delete,
-           "Releases the device memory (once no transfer still uses it); is_deleted() is then "
-           "True.")
+           "Releases the device memory (once no transfer and no numpy view from numpy.asarray "
+           "still uses it); is_deleted() is then True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
+      .def("_numpy_view", &Array::NumpyView)
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
                    "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
@@ -874,8 +917,10 @@ NB_MODULE(_ferry, m) {
           nb::arg("dtype").none() = nb::none(), nb::arg("copy").none() = nb::none(),
           nb::sig("def __array__(self, dtype: typing.Any = None, copy: bool | None = None) -> "
                   "numpy.typing.NDArray[typing.Any]"),
-          "numpy's array protocol: the data read into a new array; copy=False raises "
-          "ValueError, as numpy 2 asks of an object that cannot avoid a copy.")
+          "numpy's array protocol: a read-only view of the device memory where numpy can read "
+          "it as it is (host memory, stored in its own dtype, unsharded), else a copy; "
+          "copy=True always copies, copy=False raises ValueError where a view is impossible "
+          "(numpy 2's rules; docs/python.md).")
       .def(
           "__repr__", [](nb::handle self) { return PythonHelper("_array_repr")(self); },
           nb::sig("def __repr__(self) -> str"))

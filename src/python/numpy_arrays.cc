@@ -34,25 +34,30 @@ nb::object ToNumpy(HostTensor tensor) {
 }
 
 nb::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source) {
-  const HostView& view = source->view();
+  const HostView view = source->view();
+  const std::string name = source->name();
+  return ReadOnlyNumpyView(view, std::shared_ptr<const void>(std::move(source)), name);
+}
+
+nb::object ReadOnlyNumpyView(const HostView& view, std::shared_ptr<const void> owner,
+                             std::string_view name) {
   const int64_t element_size = view.element_size();
   std::vector<size_t> shape(view.dims.begin(), view.dims.end());
   std::vector<int64_t> strides;  // numpy's, through DLPack: in elements
   for (int64_t byte_stride : view.byte_strides) {
     if (byte_stride % element_size != 0) {
       throw StatusError{InvalidArgumentError(
-          fmt::format("tensor '{}': byte stride {} is not a multiple of the element size {}",
-                      source->name(), byte_stride, element_size))};
+          fmt::format("tensor '{}': byte stride {} is not a multiple of the element size {}", name,
+                      byte_stride, element_size))};
     }
     strides.push_back(byte_stride / element_size);
   }
-  const void* data = view.data;
   const nb::dlpack::dtype dtype = StorageDLPackDType(view.dtype);
-  auto* held = new std::shared_ptr<const TensorSource>(std::move(source));
-  nb::capsule owner(
-      held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const TensorSource>*>(p); });
-  nb::ndarray<nb::numpy, nb::ro> array(data, shape.size(), shape.data(), owner, strides.data(),
-                                       dtype);
+  auto* held = new std::shared_ptr<const void>(std::move(owner));
+  nb::capsule capsule(
+      held, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+  nb::ndarray<nb::numpy, nb::ro> array(view.data, shape.size(), shape.data(), capsule,
+                                       strides.data(), dtype);
   return nb::cast(array, nb::rv_policy::reference);
 }
 

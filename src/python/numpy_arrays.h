@@ -8,6 +8,7 @@
 #include <nanobind/ndarray.h>
 
 #include <memory>
+#include <string_view>
 
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_tensor.h"
@@ -27,6 +28,11 @@ nanobind::object ToNumpy(HostTensor tensor);
 // reference to the source, so the memory it borrows (a mapped file, for a TensorFile's sources)
 // stays valid until the array and every view of it are gone.
 nanobind::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source);
+
+// A read-only numpy array over `view` (strides multiples of the element size), holding `owner`
+// until the array and every view of it are gone. `name` is for the error about strides.
+nanobind::object ReadOnlyNumpyView(const HostView& view, std::shared_ptr<const void> owner,
+                                   std::string_view name);
 
 // How a ferry Array's memory is handed to a DLPack consumer (`Array.__dlpack__`).
 struct DLPackExport {

@@ -14,6 +14,7 @@
 #include "ferry/io/tensor_file.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
+#include "src/io/file_error.h"
 #include "src/io/utf8.h"
 #include "src/python/gil.h"
 #include "src/python/numpy_arrays.h"
@@ -26,14 +27,25 @@ namespace ferry::python {
 namespace {
 
 // (format name, metadata, [(name, numpy array, dtype name, zero_copy, byte_swapped)]): every
-// tensor of the file as a read-only numpy view of its source. Opening (mapping, parsing, and
-// decoding compressed or big-endian tensors) runs without the GIL.
-nb::tuple LoadFile(const std::string& path) {
+// tensor of the file that `names`, `patterns` and `exclude` select (TensorSelector; all when they
+// are empty) as a read-only numpy view of its source; the others are never read. Opening
+// (mapping, parsing, and decoding compressed or big-endian tensors) runs without the GIL.
+nb::tuple LoadFile(const std::string& path, std::vector<std::string> names,
+                   std::vector<std::string> patterns, std::vector<std::string> exclude) {
   ApiScope api;
+  TensorSelector selector(std::move(names), std::move(patterns), std::move(exclude));
+  TensorFileOptions options;
+  if (!selector.empty()) options.selector = &selector;
   StatusOr<TensorFile> opened;
   {
     ScopedGilRelease unlocked;
-    opened = TensorFile::Open(path);
+    opened = TensorFile::Open(path, options);
+    if (opened.ok()) {
+      if (Status matched = selector.CheckEverythingMatched(io_internal::FileContext(path));
+          !matched.ok()) {
+        opened = matched;
+      }
+    }
   }
   // The readers quote file text escaped; should a message still hold a byte that is not UTF-8,
   // Python could not decode it and would raise UnicodeDecodeError instead of the ferry.Error.
@@ -111,7 +123,8 @@ void SaveFile(const std::string& path, const std::string& format,
 }  // namespace
 
 void AddTensorFileFunctions(nb::module_& module) {
-  module.def("_load_file", &LoadFile, nb::arg("path"));
+  module.def("_load_file", &LoadFile, nb::arg("path"), nb::arg("names"), nb::arg("patterns"),
+             nb::arg("exclude"));
   module.def("_save_file", &SaveFile, nb::arg("path"), nb::arg("format"), nb::arg("names"),
              nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("metadata"),
              nb::arg("compressed"));

@@ -100,12 +100,17 @@ def test_pickle_round_trip_of_a_sharded_array():
 
 
 def test_numpy_copy_protocol():
+    # numpy 2's rules (test_numpy_view.py has the rest): asarray views host memory read-only,
+    # array copies, copy=False works where a view does and raises ValueError where it cannot.
     x = np.arange(6.0)
     a = ferry.device_put(x)
     np.testing.assert_array_equal(np.asarray(a), x)
+    assert not np.asarray(a).flags.writeable and np.array(a).flags.writeable
     np.testing.assert_array_equal(np.array(a, dtype=np.float32), x.astype(np.float32))
+    np.testing.assert_array_equal(np.array(a, copy=False), x)
+    converted = ferry.device_put(x, device_dtype="float32")
     with pytest.raises(ValueError, match="copy"):
-        np.array(a, copy=False)
+        np.array(converted, copy=False)
 
 
 def test_a_sharded_array_says_it_is_sharded():

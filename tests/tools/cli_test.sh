@@ -214,5 +214,92 @@ widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w + 0 }' "$work
 if (( widest <= 80 )); then echo "ok: piped output fits 80 columns"; passes=$((passes + 1))
 else echo "FAIL: piped output is $widest columns wide"; cat "$work/out"; failures=$((failures + 1)); fi
 
+# --only / --exclude: glob patterns (fnmatch's), repeatable, before or after the files. The JSON
+# lists only the tensors put, and the bytes moved are theirs alone.
+check "put everything for reference" 0 "$ferry" put "$work/s.safetensors" --json "$work/all.json"
+check "put --only --exclude" 0 "$ferry" put --only 'model.layers.0.*' --only 'lm_head.*' \
+  "$work/s.safetensors" --exclude '*norm*' --json "$work/only.json"
+if python3 - "$work/all.json" "$work/only.json" <<'PY'
+import fnmatch, json, sys
+every, chosen = (json.load(open(p)) for p in sys.argv[1:3])
+def wanted(n):
+    return (fnmatch.fnmatchcase(n, "model.layers.0.*") or fnmatch.fnmatchcase(n, "lm_head.*")) \
+        and not fnmatch.fnmatchcase(n, "*norm*")
+expected = [t for t in every["tensors"] if wanted(t["name"])]
+assert 0 < len(expected) < len(every["tensors"]), expected
+assert [t["name"] for t in chosen["tensors"]] == [t["name"] for t in expected], chosen["tensors"]
+assert chosen["total_bytes"] == sum(t["bytes"] for t in expected) < every["total_bytes"]
+PY
+then echo "ok: --only/--exclude put exactly the matching tensors and their bytes"; passes=$((passes + 1))
+else echo "FAIL: --only/--exclude selection"; cat "$work/only.json"; failures=$((failures + 1)); fi
+expect_no_output "the table lists only the tensors put" "norm" "$work/out"
+check "put --only a pattern that matches nothing" 1 "$ferry" put "$work/s.safetensors" \
+  --only 'lm_head.*' --only 'no_such_*'
+expect_output "the pattern is named" "the pattern 'no_such_\*' matches no tensor in file" "$work/err"
+check "put --exclude of every tensor" 1 "$ferry" put "$work/s.safetensors" --exclude '*'
+expect_output "an empty selection is explained" "leave no tensor to load" "$work/err"
+check "put --only over two files (matching in one)" 0 "$ferry" put "$work/s.safetensors" \
+  "$work/f8.safetensors" --only w8 --verify
+expect_output "the one tensor put" "total: 1 tensors" "$work/out"
+check "put --only --mesh all" 0 "$ferry" put "$work/f8.safetensors" --mesh all --only 'w3?'
+expect_output "mesh all puts the selection" "total: 1 tensors" "$work/out"
+
+# Tensor names are the file's bytes: a name holding terminal controls (an OSC title, a colour and
+# a newline) is escaped in the table, the lossy-conversion lines, the JSON and error messages;
+# no control byte but the line ends ferry writes itself reaches stdout or stderr.
+python3 - "$work" <<'PY'
+import json, struct, sys, zipfile
+work = sys.argv[1]
+names = ["\x1b[31mred\nline", "plain"]
+header = json.dumps({names[0]: {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                     names[1]: {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}}).encode()
+with open(f"{work}/hostile.safetensors", "wb") as out:
+    out.write(struct.pack("<Q", len(header)) + header + struct.pack("<3f", 1.1, -2.3, 0.7))
+npy_dict = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+npy_dict += b" " * (64 - 10 - len(npy_dict) - 1) + b"\n"
+npy = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(npy_dict)) + npy_dict + struct.pack("<2f", 1.1, 2.2)
+with zipfile.ZipFile(f"{work}/hostile.npz", "w") as archive:
+    archive.writestr("\x1b]0;title\x07.npy", npy)
+    archive.writestr("\x7f\x1b[2J.npy", npy)
+PY
+no_raw_controls() {  # no_raw_controls DESCRIPTION: checks $work/out and $work/err
+  if python3 - "$work/out" "$work/err" <<'PY'
+import sys
+for path in sys.argv[1:]:
+    data = open(path, "rb").read()
+    bad = sorted({b for b in data if (b < 0x20 and b != 0x0A) or b == 0x7F})
+    assert not bad, f"{path}: raw control bytes {bad}"
+    c1 = sorted({hex(ord(c)) for c in data.decode("utf-8", "replace") if 0x80 <= ord(c) <= 0x9F})
+    assert not c1, f"{path}: raw C1 control characters {c1}"
+PY
+  then echo "ok: $1"; passes=$((passes + 1))
+  else echo "FAIL: $1"; cat -v "$work/out" "$work/err"; failures=$((failures + 1)); fi
+}
+for file in hostile.safetensors hostile.npz; do
+  check "put $file" 0 "$ferry" put "$work/$file" --device-dtype bfloat16 --verify
+  no_raw_controls "put $file: table and lossy lines escaped"
+  check "put $file --json -" 0 "$ferry" put "$work/$file" --json -
+  no_raw_controls "put $file --json -: JSON and table escaped"
+  if python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$work/out"; then
+    echo "ok: $file JSON is valid"; passes=$((passes + 1))
+  else echo "FAIL: $file JSON is not valid"; failures=$((failures + 1)); fi
+done
+expect_output "the OSC name escaped in the table" '\\x1b\]0;title\\x07' "$work/err"
+if python3 -c '
+import json, sys
+names = [t["name"] for t in json.load(open(sys.argv[1]))["tensors"]]
+assert names == ["\x1b]0;title\x07", "\x7f\x1b[2J"], names' "$work/out"; then
+  echo "ok: the JSON keeps the real names (escaped as JSON)"; passes=$((passes + 1))
+else echo "FAIL: the JSON names"; cat "$work/out"; failures=$((failures + 1)); fi
+check "put hostile.safetensors --verify" 0 "$ferry" put "$work/hostile.safetensors" \
+  --device-dtype bfloat16 --verify
+expect_output "the colour and newline escaped in the lossy line" \
+  'lossy conversion: \\x1b\[31mred\\nline' "$work/out"
+check "a hostile name in an error" 1 "$ferry" put "$work/hostile.safetensors" --only '*red*' \
+  --device-dtype float8_e4m3fn --device-dtype-all
+expect_output "the error names the tensor escaped" 'hostile.safetensors:\\x1b\[31mred\\nline' \
+  "$work/err"
+no_raw_controls "the error message escaped"
+
 echo "cli: $passes passed, $failures failed"
 exit $((failures > 0))

@@ -10,6 +10,8 @@
 
 #include "ferry/device/registry.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
+#include "src/io/utf8.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
@@ -22,6 +24,16 @@ int ReportError(std::string_view command, const Status& status) {
   const bool terminal = isatty(STDERR_FILENO) == 1;
   fmt::print(stderr, "{}\n", terminal ? WrapToString(line, OutputWidth(STDERR_FILENO)) : line);
   return kExitBadInput;
+}
+
+std::string Printable(std::string_view text) {
+  return io_internal::EscapeForMessage(text, text.size());
+}
+
+std::string FilesText(const std::vector<std::string>& paths) {
+  std::vector<std::string> quoted;
+  for (const std::string& path : paths) quoted.push_back(fmt::format("'{}'", Printable(path)));
+  return fmt::format("{} {}", paths.size() == 1 ? "file" : "files", fmt::join(quoted, ", "));
 }
 
 ClientOptions& CommandClientOptions() {
@@ -122,14 +134,16 @@ std::string FormatBytes(double bytes) {
 }
 
 Status WriteJson(const nlohmann::json& json, const std::string& path) {
+  const std::string text =
+      json.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
   if (path == "-") {
-    fmt::print("{}\n", json.dump(2));
+    fmt::print("{}\n", text);
     std::fflush(stdout);
     return std::ferror(stdout) ? InvalidArgumentError("cannot write the JSON to stdout")
                                : OkStatus();
   }
   std::ofstream out(path);
-  out << json.dump(2) << "\n";
+  out << text << "\n";
   if (!out) return InvalidArgumentError(fmt::format("cannot write --json file '{}'", path));
   return OkStatus();
 }

@@ -44,13 +44,25 @@ class DeviceSet {
   std::map<std::string, std::unique_ptr<Client>, std::less<>> clients_;
 };
 
+// `text` that came from a file (a tensor name) or from elsewhere outside ferry, made safe to
+// print: control characters, bidirectional controls and bytes that are not UTF-8 escaped
+// (`\x1b`, `\n`, `\u202e`), exactly as error messages quote names (io_internal::EscapeForMessage),
+// without a length limit (a table shortens it itself).
+std::string Printable(std::string_view text);
+
+// "file 'a.safetensors'" or "files 'a.safetensors', 'b.safetensors'" (each Printable), for a
+// message about a set of files.
+std::string FilesText(const std::vector<std::string>& paths);
+
 // "1GiB", "64MiB", "100MB", "4096" -> bytes. InvalidArgument on anything else.
 StatusOr<int64_t> ParseSize(std::string_view text);
 // 1536 -> "1.50 KiB".
 std::string FormatBytes(double bytes);
 
 // Writes `json` (indented, with a final newline) to the file `path`, or to stdout when `path` is
-// "-". InvalidArgument naming the file when it cannot be written.
+// "-". Every character outside printable ASCII is written as a \uXXXX escape (and a byte that is
+// not UTF-8 as U+FFFD), so the JSON is valid and no name from a file reaches a terminal raw.
+// InvalidArgument naming the file when it cannot be written.
 Status WriteJson(const nlohmann::json& json, const std::string& path);
 
 // A one-line progress bar on stderr (bytes, GB/s, time left), drawn only when stderr is a

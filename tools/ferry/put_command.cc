@@ -40,7 +40,9 @@ struct PutOptions {
   std::string semantics = "async";
   bool verify = false;
   std::string json_path;
-  bool drop_page_cache = false;  // --mesh all: see DistributedPutOptions
+  bool drop_page_cache = false;      // --mesh all: see DistributedPutOptions
+  std::vector<std::string> only;     // --only: glob patterns of the tensors to put (all if none)
+  std::vector<std::string> exclude;  // --exclude: glob patterns of tensors to leave out
 };
 
 // One tensor of one file, and where it went.
@@ -220,12 +222,18 @@ StatusOr<PutTarget> ResolveTarget(const PutOptions& options, DeviceSet& device_s
   return target;
 }
 
-// Opens every file and plans each tensor's device dtype, so that a malformed file or a dtype a
-// device cannot hold stops the command before anything moves.
+// Opens every file (only the tensors --only and --exclude select: the others' bytes are never
+// read) and plans each tensor's device dtype, so that a malformed file, a pattern that matches
+// nothing or a dtype a device cannot hold stops the command before anything moves.
 Status OpenFiles(const PutOptions& options, std::optional<DType> requested, const PutTarget& target,
                  std::vector<TensorFile>& files, std::vector<PutTensor>& tensors) {
+  // One selector for all the files: a checkpoint split over several files holds each name in one
+  // of them, so a pattern need only match in some file.
+  TensorSelector selector({}, options.only, options.exclude);
+  TensorFileOptions open_options;
+  if (!selector.empty()) open_options.selector = &selector;
   for (const std::string& path : options.files) {
-    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path));
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path, open_options));
     for (const TensorFileEntry& entry : file.tensors()) {
       PutTensor tensor;
       tensor.file = path;
@@ -249,7 +257,7 @@ Status OpenFiles(const PutOptions& options, std::optional<DType> requested, cons
     }
     files.push_back(std::move(file));
   }
-  return OkStatus();
+  return selector.CheckEverythingMatched(FilesText(options.files));
 }
 
 // Starts every transfer (they run on the backend's threads) without waiting for any.
@@ -336,10 +344,11 @@ Status VerifyAll(const std::vector<PutTensor>& tensors, int64_t total_bytes,
         return absl::DataLossError(fmt::format(
             "verify: tensor '{}' of {} read back differently from the file ({} elements "
             "differ, max error {:g})",
-            tensor.entry.name, tensor.file, result.differing, result.max_error));
+            Printable(tensor.entry.name), Printable(tensor.file), result.differing,
+            result.max_error));
       }
       lossy.push_back(fmt::format("{} ({} -> {}): {} of {} elements differ, max error {:g}",
-                                  tensor.entry.name, DTypeName(tensor.file_dtype()),
+                                  Printable(tensor.entry.name), DTypeName(tensor.file_dtype()),
                                   tensor.DeviceDTypeText(), result.differing,
                                   tensor.entry.source->view().num_elements(), result.max_error));
     }
@@ -374,7 +383,7 @@ std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget&
                    {"path", Align::kLeft, -1},
                    {"size", Align::kRight, -1}});
   for (const PutTensor& tensor : tensors) {
-    table.AddRow({tensor.entry.name, ShapeString(tensor.entry.source->view().dims),
+    table.AddRow({Printable(tensor.entry.name), ShapeString(tensor.entry.source->view().dims),
                   fmt::format("{} -> {}", DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()),
                   tensor.path, FormatBytes(static_cast<double>(tensor.bytes))});
   }
@@ -445,6 +454,8 @@ int RunPut(const PutOptions& options) {
     job.verify = options.verify;
     job.json_path = options.json_path;
     job.drop_page_cache = options.drop_page_cache;
+    job.only = options.only;
+    job.exclude = options.exclude;
     return RunPutOverAllDevices(job);
   }
   auto semantics = ParseSemantics(options.semantics);
@@ -541,6 +552,19 @@ CommandRunner AddPutCommand(CLI::App& app) {
   command->add_option("--json", options->json_path,
                       "Also write the results as JSON to this file (-: to stdout, the table then "
                       "to stderr)");
+  // One pattern per flag (repeat the flag for more): a flag that took several values would also
+  // take the file names after it.
+  command
+      ->add_option("--only", options->only,
+                   "Put only the tensors whose names match this glob pattern (* ? [abc] [!abc], "
+                   "as Python's fnmatch; * crosses dots); repeatable. A pattern that matches no "
+                   "tensor of the files is an error. Only these tensors' bytes are read")
+      ->allow_extra_args(false);
+  command
+      ->add_option("--exclude", options->exclude,
+                   "Leave out the tensors whose names match this glob pattern (after --only); "
+                   "repeatable. Matching nothing is fine; excluding every tensor is an error")
+      ->allow_extra_args(false);
   command->add_flag("--drop-page-cache", options->drop_page_cache,
                     "With --mesh all: drop the files from the page cache first (posix_fadvise), "
                     "so that the bytes read and made resident are measured from a cold cache");

@@ -221,7 +221,7 @@ std::string FormatJobReport(const std::vector<Tensor>& tensors,
     return fmt::format("{} -> {}", DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype));
   };
   for (const Tensor& tensor : tensors) {
-    table.AddRow({tensor.entry.name, fmt::format("[{}]", fmt::join(tensor.dims, ",")),
+    table.AddRow({Printable(tensor.entry.name), fmt::format("[{}]", fmt::join(tensor.dims, ",")),
                   dtypes(tensor), tensor.split ? "split" : "repl",
                   FormatBytes(static_cast<double>(TensorBytes(tensor)))});
   }
@@ -282,10 +282,10 @@ std::string FormatJobReport(const std::vector<Tensor>& tensors,
   }
   for (size_t t = 0; t < tensors.size(); ++t) {
     if (verdicts[t] == Verdict::kLossy) {
-      add(fmt::format("differs (lossy conversion): {} ({})", tensors[t].entry.name,
+      add(fmt::format("differs (lossy conversion): {} ({})", Printable(tensors[t].entry.name),
                       dtypes(tensors[t])));
     } else if (verdicts[t] == Verdict::kMismatch) {
-      add(fmt::format("MISMATCH: {} ({})", tensors[t].entry.name, dtypes(tensors[t])));
+      add(fmt::format("MISMATCH: {} ({})", Printable(tensors[t].entry.name), dtypes(tensors[t])));
     }
   }
   return out;
@@ -366,8 +366,11 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   std::vector<TensorFile> files;
   std::vector<Tensor> tensors;
   std::string layout;  // every tensor's name, dtype and shape: the same files on every rank
+  TensorSelector selector({}, options.only, options.exclude);
+  TensorFileOptions open_options;
+  if (!selector.empty()) open_options.selector = &selector;
   for (const std::string& path : options.files) {
-    auto file = TensorFile::Open(path);
+    auto file = TensorFile::Open(path, open_options);
     if (!file.ok()) {
       local = file.status();
       break;
@@ -398,6 +401,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     files.push_back(*std::move(file));
     if (!local.ok()) break;
   }
+  if (local.ok()) local = selector.CheckEverythingMatched(FilesText(options.files));
   if (Status agreed = agree(local, "opening the files"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
@@ -564,11 +568,8 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
                              {"verified", options.verify},
                              {"verified_exact", options.verify && verified_exact},
                              {"ranks", job.ranks}};
-      std::ofstream out(options.json_path);
-      out << json.dump(2) << "\n";
-      if (!out) {
-        return ReportError(kCommand, InvalidArgumentError(fmt::format(
-                                         "cannot write --json file '{}'", options.json_path)));
+      if (Status written = WriteJson(json, options.json_path); !written.ok()) {
+        return ReportError(kCommand, written);
       }
     }
   }

@@ -21,6 +21,9 @@ struct DistributedPutOptions {
   // Drop the files from the page cache first (posix_fadvise DONTNEED), so that the bytes the job
   // made resident (mincore) are the bytes it read.
   bool drop_page_cache = false;
+  // --only / --exclude: glob patterns of the tensors to put and to leave out (TensorSelector).
+  std::vector<std::string> only;
+  std::vector<std::string> exclude;
 };
 
 int RunPutOverAllDevices(const DistributedPutOptions& options);

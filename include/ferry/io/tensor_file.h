@@ -26,10 +26,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/core/status.h"
 #include "ferry/io/mapped_file.h"
+#include "ferry/io/tensor_selection.h"
 #include "ferry/runtime/tensor_source.h"
 
 namespace ferry {
@@ -47,6 +49,13 @@ struct TensorFileOptions {
   // of the file once more, which defeats zero-copy loading. Deflated members are always checked
   // (their bytes are being read anyway).
   bool verify_stored_crc32 = false;
+  // Only the tensors this selector selects are opened (not owned; asked once about every tensor
+  // name; null: every tensor). The others are left unread: a deflated .npz member is not
+  // inflated, a stored member's .npy header is not parsed, and Prefetch skips their bytes. The
+  // file's own structure (a safetensors header, the zip directory) is still validated whole.
+  // Open does not check that everything asked for was found: call the selector's
+  // CheckEverythingMatched after the last file of the set.
+  TensorSelector* selector = nullptr;
 };
 
 struct TensorFileEntry {
@@ -90,8 +99,10 @@ class TensorFile {
   // The bytes of the file; valid as long as this object or any of its sources.
   const std::shared_ptr<const MappedFile>& file() const { return file_; }
 
-  // Reads ahead the part of the file that holds tensor data (MappedFile::Prefetch): call it right
-  // after Open, before transferring the tensors, when the file may not be in the page cache.
+  // Reads ahead the part of the file that holds the opened tensors' data (MappedFile::Prefetch):
+  // call it right after Open, before transferring the tensors, when the file may not be in the
+  // page cache. With a selector, only the selected tensors' bytes (and gaps of less than a page
+  // between them) are read.
   // `touch_threads` = 0 only advises the kernel (asynchronous, returns at once); > 0 also faults
   // every page in from that many threads and returns when the data is resident.
   void Prefetch(int touch_threads = 0) const;
@@ -105,9 +116,8 @@ class TensorFile {
   TensorFileFormat format_ = TensorFileFormat::kSafetensors;
   std::vector<TensorFileEntry> tensors_;
   std::map<std::string, std::string> metadata_;
-  // The byte range that holds tensor data, for Prefetch.
-  int64_t data_begin_ = 0;
-  int64_t data_end_ = 0;
+  // The byte ranges [begin, end) that hold the opened tensors' data, for Prefetch.
+  std::vector<std::pair<int64_t, int64_t>> data_ranges_;
 };
 
 // Parses bytes that are already in memory (a mapping, or a buffer from MappedFile::FromBytes): the
