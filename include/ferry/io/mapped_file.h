@@ -12,11 +12,14 @@
 // that signal into an error instead of a crash: the first `Open` installs a SIGBUS handler which,
 // for a fault inside a live mapping of a MappedFile, maps zero pages over the vanished part of
 // the mapping (so the faulting read, on whichever thread, completes with zeros) and marks the
-// file; `CheckIntact` then reports it, and readers (the CLI, the Python layer) check it after
-// every read they start and fail with an error naming the file. A fault anywhere else goes to the
-// handler that was installed before (or the default action). Do not truncate or rewrite tensor
-// files in place while they are open; replace them (write a new file, then rename), which leaves
-// the mapped old contents intact.
+// file. A transfer that read the vanished pages then fails with DataLoss naming the file, for
+// every caller: each tensor source of a file checks its own byte range once read
+// (`CheckRangeIntact`, through TensorSource::CheckRead), and memory of a mapping reached another
+// way is checked by address (`CheckMemoryIntact`); `CheckIntact` says it for the whole file. A
+// transfer of another file, or of this file's bytes before the cut, stays OK. A fault anywhere
+// else goes to the handler that was installed before (or the default action). Do not truncate or
+// rewrite tensor files in place while they are open; replace them (write a new file, then
+// rename), which leaves the mapped old contents intact.
 #pragma once
 
 #include <atomic>
