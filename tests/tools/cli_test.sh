@@ -52,6 +52,28 @@ for format in safetensors npz npy; do
   expect_output "verified $format" "verified: every tensor matches the file" "$work/out"
   expect_output "json $format" '"verified": true' "$work/$format.json"
 done
+# Errors before work: a --json path that cannot be written stops the put before it starts.
+check "--json into a missing folder is bad input" 1 "$ferry" put "$work/s.safetensors" \
+  --json "$work/no/such/dir/x.json"
+expect_output "the missing folder is named" "the folder '$work/no/such/dir' does not exist" "$work/err"
+if grep -q "total:" "$work/out"; then
+  echo "FAIL: the put ran before the --json path was refused"; cat "$work/out"
+  failures=$((failures + 1))
+else
+  echo "ok: nothing was put"; passes=$((passes + 1))
+fi
+check "--json onto a directory is bad input" 1 "$ferry" put "$work/s.safetensors" --json "$work"
+# A --device-dtype that applies to no tensor says so (exit 0), or fails with --strict.
+check "a float8 request on a bf16 checkpoint is a note" 0 "$ferry" put "$work/s.safetensors" \
+  --device-dtype float8_e4m3fn
+expect_output "the note says nothing converts" "applies to no tensor here.*nothing is converted" \
+  "$work/err"
+check "...and an error with --strict" 1 "$ferry" put "$work/s.safetensors" \
+  --device-dtype float8_e4m3fn --strict
+# An explicitly requested PJRT plugin that cannot load is an error, not a table row.
+check "devices with a missing --pjrt-plugin is bad input" 1 "$ferry" --pjrt-plugin \
+  "$work/no_such_plugin.so" devices
+expect_output "the plugin is named" "pjrt-plugin $work/no_such_plugin.so" "$work/err"
 check "put converted" 0 "$ferry" put "$work/s.safetensors" --device-dtype float32 --verify
 expect_output "converted path in table" "bfloat16 -> float32" "$work/out"
 expect_output "converted label" "converted" "$work/out"

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "ferry/device/registry.h"
@@ -131,6 +134,33 @@ std::string FormatBytes(double bytes) {
     ++unit;
   }
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
+}
+
+Status CheckOutputPath(const std::string& path, std::string_view option) {
+  if (path == "-") return OkStatus();
+  std::error_code error;
+  const std::filesystem::path file(path);
+  if (std::filesystem::exists(file, error)) {
+    if (std::filesystem::is_directory(file, error)) {
+      return InvalidArgumentError(fmt::format("{} '{}' is a directory", option, path));
+    }
+    if (::access(path.c_str(), W_OK) != 0) {
+      return InvalidArgumentError(
+          fmt::format("{} '{}' cannot be written: {}", option, path, std::strerror(errno)));
+    }
+    return OkStatus();
+  }
+  const std::filesystem::path folder =
+      file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(folder, error)) {
+    return InvalidArgumentError(
+        fmt::format("{} '{}': the folder '{}' does not exist", option, path, folder.string()));
+  }
+  if (::access(folder.c_str(), W_OK) != 0) {
+    return InvalidArgumentError(fmt::format("{} '{}': the folder '{}' cannot be written: {}",
+                                            option, path, folder.string(), std::strerror(errno)));
+  }
+  return OkStatus();
 }
 
 Status WriteJson(const nlohmann::json& json, const std::string& path) {

@@ -64,6 +64,11 @@ std::string FormatBytes(double bytes);
 // not UTF-8 as U+FFFD), so the JSON is valid and no name from a file reaches a terminal raw.
 // InvalidArgument naming the file when it cannot be written.
 Status WriteJson(const nlohmann::json& json, const std::string& path);
+// OK when a file can be written at `path` ("-" is stdout): its folder exists and is writable, and
+// the file, if it exists, is a writable regular file. Nothing is created. `option` names the flag
+// in the error ("--json"). Checked before a command starts its work, so that a mistyped output
+// path is an error at once, not after the work.
+Status CheckOutputPath(const std::string& path, std::string_view option);
 
 // A one-line progress bar on stderr (bytes, GB/s, time left), drawn only when stderr is a
 // terminal and at most every 100 ms, as wide as the terminal (the bar grows with it, up to 60

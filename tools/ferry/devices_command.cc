@@ -38,9 +38,15 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
       return fmt::format("{:<10} {:<8} {:>12}  ", device, backend, memory);
     };
     std::string out = columns("device", "backend", "memory") + "dtypes\n";
+    // A plugin named with --pjrt-plugin that cannot start is an error, not a table row: the user
+    // asked for it (a backend merely missing from the machine is a row).
+    Status requested_plugin_failed;
     for (const std::string& backend : RegisteredBackends()) {
       auto client = CreateClient(backend, CommandClientOptions());
       if (!client.ok()) {
+        if (backend == "pjrt" && CommandClientOptions().pjrt_plugin.has_value()) {
+          requested_plugin_failed = client.status();
+        }
         out += HangingParagraph(
             columns("-", backend, "-"),
             fmt::format("unavailable: {}", std::string(client.status().message())), width);
@@ -60,6 +66,12 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
       }
     }
     fmt::print("{}", out);
+    if (!requested_plugin_failed.ok()) {
+      fmt::print(stderr, "ferry devices: --pjrt-plugin {}: {}\n",
+                 *CommandClientOptions().pjrt_plugin,
+                 std::string(requested_plugin_failed.message()));
+      return kExitBadInput;
+    }
     return kExitOk;
   };
 }

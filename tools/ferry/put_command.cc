@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,7 @@ struct PutOptions {
   int shard_dim = 0;
   std::string device_dtype;
   bool device_dtype_all = false;  // apply --device-dtype to every tensor, not only its kind
+  bool strict = false;            // a --device-dtype that applies to no tensor is an error
   std::string semantics = "async";
   bool verify = false;
   std::string json_path;
@@ -441,6 +443,12 @@ nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTenso
 
 int RunPut(const PutOptions& options) {
   constexpr std::string_view kCommand = "put";
+  // Every output path is checked before the put starts (not found wrong after it).
+  if (!options.json_path.empty()) {
+    if (Status writable = CheckOutputPath(options.json_path, "--json"); !writable.ok()) {
+      return ReportError(kCommand, writable);
+    }
+  }
   // --mesh all[:BACKEND]: every device of every process of the job, under mpiexec or not.
   if (const std::string mesh_text = options.mesh.value_or("");
       mesh_text == "all" || mesh_text.rfind("all:", 0) == 0) {
@@ -479,6 +487,19 @@ int RunPut(const PutOptions& options) {
   }
   PutSummary summary;
   for (const PutTensor& tensor : tensors) summary.total_bytes += tensor.bytes;
+  if (requested.has_value() &&
+      std::none_of(tensors.begin(), tensors.end(),
+                   [](const PutTensor& tensor) { return tensor.requested_dtype.has_value(); })) {
+    // A request that applies to no tensor converts nothing: say so rather than exit 0 silently.
+    std::set<std::string_view> held;
+    for (const PutTensor& tensor : tensors) held.insert(DTypeName(tensor.file_dtype()));
+    const std::string note = fmt::format(
+        "--device-dtype {} applies to no tensor here (they are {}): nothing is converted; "
+        "--device-dtype-all applies it to every tensor",
+        DTypeName(*requested), fmt::join(held, ", "));
+    if (options.strict) return ReportError(kCommand, InvalidArgumentError(note));
+    fmt::print(stderr, "ferry put: note: {}\n", note);
+  }
 
   // Fault the mapped pages in from every core at once rather than one 4 KiB page fault at a time
   // inside the copy: a cold file is read ahead in parallel, a warm one is mapped fast.
@@ -540,6 +561,8 @@ CommandRunner AddPutCommand(CLI::App& app) {
   command->add_option("--device-dtype", options->device_dtype,
                       "Store the tensors of this dtype's kind as this dtype (e.g. bfloat16: every "
                       "floating-point tensor; integer and bool tensors keep theirs)");
+  command->add_flag("--strict", options->strict,
+                    "A --device-dtype that applies to no tensor is an error (else a note)");
   command->add_flag("--device-dtype-all", options->device_dtype_all,
                     "Apply --device-dtype to every tensor, whatever its kind");
   command
