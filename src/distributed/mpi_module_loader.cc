@@ -75,4 +75,9 @@ void FinalizeIfMpi(ProcessGroup& group) {
   }
 }
 
+int AbandonedCollectivesForTesting(ProcessGroup& group) {
+  const MpiModule* module = loaded_module.load();
+  return module != nullptr ? module->abandoned_collectives_for_testing(group) : 0;
+}
+
 }  // namespace ferry::distributed::internal

@@ -13,6 +13,18 @@
 // - a peer on this machine whose pid no longer runs (checked every 100 ms while waiting).
 // Both are also checked before a collective starts: a peer known to be gone fails the next
 // collective without any MPI call (MPI would wait for it, or fail on its dead connection).
+//
+// Start-up has the same deadline: MPI_Init_thread waits in MPICH's PMI handshake for every rank,
+// forever when one never starts MPI (it ended, or runs a program that does not use ferry), and
+// cannot be interrupted. It runs on a helper thread that the caller waits for until the deadline;
+// past it, the caller gets DeadlineExceeded and the helper thread stays blocked (nothing can end
+// it), so MPI is unusable in this process from then on and every later attempt returns the same
+// error. The communicator is duplicated with the nonblocking MPI_Comm_idup for the same reason.
+//
+// A nonblocking call's buffers belong to MPI until MPI_Test reports it complete: a call the group
+// gave up on (deadline, a dead peer) keeps them in the group's abandoned list, released only when
+// MPI completes it, and leaked with the group otherwise. Freeing them at return would let a late
+// peer's data land in freed memory.
 #include "src/distributed/mpi_process_group.h"
 
 #include <dlfcn.h>
@@ -23,8 +35,11 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -93,10 +108,115 @@ struct Peer {
   int64_t pid = 0;
 };
 
+// One nonblocking MPI call and every buffer it reads or writes while it runs (each call uses the
+// fields it needs). Heap-allocated so that ownership can pass to the group's abandoned list when a
+// wait gives up, with every address MPI was handed unchanged.
+struct Collective {
+  MPI_Request request = MPI_REQUEST_NULL;
+  std::string send;  // AllGather: this rank's bytes, copied (the caller's may be gone)
+  int64_t send_size = 0;
+  std::vector<int64_t> sizes;
+  std::vector<int> counts;
+  std::vector<int> displacements;
+  std::string received;
+  MPI_Comm new_comm = MPI_COMM_NULL;  // MPI_Comm_idup's result
+};
+
+// "rank R of N" from the launcher's environment, for errors before MPI can say it.
+std::string LauncherRank() {
+  const char* rank = std::getenv("PMI_RANK");
+  const char* size = std::getenv("PMI_SIZE");
+  if (rank == nullptr || size == nullptr) return "this rank";
+  return fmt::format("rank {} of {}", rank, size);
+}
+
+// MPI_Init_thread on a helper thread, waited for until `timeout` (see the top of this file).
+Status InitializeMpiWithin(double timeout) {
+  struct Attempt {
+    std::mutex mutex;
+    std::condition_variable finished_cv;
+    bool finished = false;
+    int code = MPI_SUCCESS;
+    int provided = 0;
+  };
+  // A start-up that timed out leaves its thread inside MPI_Init_thread: a second MPI_Init_thread
+  // beside it is undefined, so every later attempt returns the first one's error.
+  static std::mutex* stuck_mutex = new std::mutex();
+  static Status* stuck = new Status();
+  std::lock_guard<std::mutex> stuck_lock(*stuck_mutex);
+  if (!stuck->ok()) return *stuck;
+
+  auto attempt = std::make_shared<Attempt>();
+  std::thread([attempt] {
+    // ferry serialises its own MPI calls (one mutex per group), so any thread may make them.
+    int provided = 0;
+    const int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+    std::lock_guard<std::mutex> lock(attempt->mutex);
+    attempt->finished = true;
+    attempt->code = code;
+    attempt->provided = provided;
+    attempt->finished_cv.notify_all();
+  }).detach();  // joined through `finished`, or never: it cannot be interrupted
+
+  std::unique_lock<std::mutex> lock(attempt->mutex);
+  const bool finished = attempt->finished_cv.wait_for(lock, std::chrono::duration<double>(timeout),
+                                                      [&] { return attempt->finished; });
+  if (!finished) {
+    *stuck = absl::DeadlineExceededError(fmt::format(
+        "{}: MPI start-up (MPI_Init_thread) did not finish within {:g} s "
+        "(FERRY_DISTRIBUTED_TIMEOUT_S): another process of the job never started MPI (it "
+        "ended, or runs a program that does not use ferry's MPI); MPI cannot be used in this "
+        "process any more, end it",
+        LauncherRank(), timeout));
+    return *stuck;
+  }
+  if (attempt->code != MPI_SUCCESS) {
+    return UnavailableError(
+        fmt::format("MPI_Init_thread failed: {}", MpiErrorString(attempt->code)));
+  }
+  if (attempt->provided < MPI_THREAD_SERIALIZED) {
+    // MPI_Init_thread ran on another thread than the caller's: only SERIALIZED and up allow that.
+    return UnavailableError(
+        fmt::format("MPI provides thread level {}, ferry needs MPI_THREAD_SERIALIZED ({})",
+                    attempt->provided, MPI_THREAD_SERIALIZED));
+  }
+  return OkStatus();
+}
+
 class MpiProcessGroup final : public ProcessGroup {
  public:
-  MpiProcessGroup(MPI_Comm comm, bool initialized_here, int rank, int size)
-      : comm_(comm), initialized_here_(initialized_here), rank_(rank), size_(size) {}
+  MpiProcessGroup(bool initialized_here, int rank, int size)
+      : initialized_here_(initialized_here), rank_(rank), size_(size) {}
+
+  // Collectives MPI may still be using are leaked, never freed (their buffers are MPI's).
+  ~MpiProcessGroup() override {
+    MutexLock lock(mutex_);
+    for (std::unique_ptr<Collective>& collective : abandoned_) collective.release();
+  }
+
+  // Duplicates MPI_COMM_WORLD (nonblocking, under the deadline: every rank must take part) and
+  // learns where every rank runs.
+  Status Start() {
+    {
+      MutexLock lock(mutex_);
+      auto collective = std::make_unique<Collective>();
+      FERRY_RETURN_IF_ERROR(
+          Check(MPI_Comm_idup(MPI_COMM_WORLD, &collective->new_comm, &collective->request),
+                "initialize"));
+      FERRY_RETURN_IF_ERROR(Wait(collective, "initialize"));
+      comm_ = collective->new_comm;
+      MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    }
+    return ExchangePeers();
+  }
+
+  // Polls the collectives this group gave up on and releases those MPI has completed; returns how
+  // many MPI still holds.
+  int PollAbandoned() {
+    MutexLock lock(mutex_);
+    ReleaseCompletedAbandoned();
+    return static_cast<int>(abandoned_.size());
+  }
 
   std::string_view engine() const override { return "mpi"; }
   int rank() const override { return rank_; }
@@ -105,29 +225,32 @@ class MpiProcessGroup final : public ProcessGroup {
   Status Barrier(std::string_view step) override {
     MutexLock lock(mutex_);
     FERRY_RETURN_IF_ERROR(CheckPeersBeforeStarting(step));
-    MPI_Request request;
-    FERRY_RETURN_IF_ERROR(Check(MPI_Ibarrier(comm_, &request), step));
-    return Wait(&request, step);
+    auto collective = std::make_unique<Collective>();
+    FERRY_RETURN_IF_ERROR(Check(MPI_Ibarrier(comm_, &collective->request), step));
+    return Wait(collective, step);
   }
 
   StatusOr<std::vector<std::string>> AllGather(std::string_view local,
                                                std::string_view step) override {
     MutexLock lock(mutex_);
     FERRY_RETURN_IF_ERROR(CheckPeersBeforeStarting(step));
-    const int64_t local_size = static_cast<int64_t>(local.size());
-    std::vector<int64_t> sizes(static_cast<size_t>(size_));
-    MPI_Request request;
-    FERRY_RETURN_IF_ERROR(Check(
-        MPI_Iallgather(&local_size, 1, MPI_INT64_T, sizes.data(), 1, MPI_INT64_T, comm_, &request),
-        step));
-    FERRY_RETURN_IF_ERROR(Wait(&request, step));
-    std::vector<int> counts(sizes.size());
-    std::vector<int> displacements(sizes.size());
+    auto sizes = std::make_unique<Collective>();
+    sizes->send_size = static_cast<int64_t>(local.size());
+    sizes->sizes.resize(static_cast<size_t>(size_));
+    FERRY_RETURN_IF_ERROR(
+        Check(MPI_Iallgather(&sizes->send_size, 1, MPI_INT64_T, sizes->sizes.data(), 1, MPI_INT64_T,
+                             comm_, &sizes->request),
+              step));
+    FERRY_RETURN_IF_ERROR(Wait(sizes, step));
+    auto data = std::make_unique<Collective>();
+    data->send.assign(local);
+    data->counts.resize(sizes->sizes.size());
+    data->displacements.resize(sizes->sizes.size());
     int64_t total = 0;
-    for (size_t rank = 0; rank < sizes.size(); ++rank) {
-      counts[rank] = static_cast<int>(sizes[rank]);
-      displacements[rank] = static_cast<int>(total);
-      total += sizes[rank];
+    for (size_t rank = 0; rank < sizes->sizes.size(); ++rank) {
+      data->counts[rank] = static_cast<int>(sizes->sizes[rank]);
+      data->displacements[rank] = static_cast<int>(total);
+      total += sizes->sizes[rank];
     }
     if (total > int64_t{1} << 30) {
       // Every rank sees the same sizes, so every rank returns this error (no rank waits).
@@ -136,17 +259,18 @@ class MpiProcessGroup final : public ProcessGroup {
                       "GiB)",
                       step, total));
     }
-    std::string all(static_cast<size_t>(total), '\0');
+    data->received.assign(static_cast<size_t>(total), '\0');
     FERRY_RETURN_IF_ERROR(
-        Check(MPI_Iallgatherv(local.data(), static_cast<int>(local_size), MPI_BYTE, all.data(),
-                              counts.data(), displacements.data(), MPI_BYTE, comm_, &request),
+        Check(MPI_Iallgatherv(data->send.data(), static_cast<int>(data->send.size()), MPI_BYTE,
+                              data->received.data(), data->counts.data(),
+                              data->displacements.data(), MPI_BYTE, comm_, &data->request),
               step));
-    FERRY_RETURN_IF_ERROR(Wait(&request, step));
+    FERRY_RETURN_IF_ERROR(Wait(data, step));
     std::vector<std::string> result;
-    result.reserve(sizes.size());
-    for (size_t rank = 0; rank < sizes.size(); ++rank) {
-      result.push_back(
-          all.substr(static_cast<size_t>(displacements[rank]), static_cast<size_t>(sizes[rank])));
+    result.reserve(sizes->sizes.size());
+    for (size_t rank = 0; rank < sizes->sizes.size(); ++rank) {
+      result.push_back(data->received.substr(static_cast<size_t>(data->displacements[rank]),
+                                             static_cast<size_t>(sizes->sizes[rank])));
     }
     return result;
   }
@@ -233,7 +357,28 @@ class MpiProcessGroup final : public ProcessGroup {
     return CheckPeers(step, /*check_pids=*/true);
   }
 
-  Status Wait(MPI_Request* request, std::string_view step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+  // Releases the abandoned collectives that MPI has completed since.
+  void ReleaseCompletedAbandoned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    std::erase_if(abandoned_, [](const std::unique_ptr<Collective>& collective) {
+      int done = 0;
+      // An error completes the request too (MPI_ERRORS_RETURN): MPI no longer uses its buffers.
+      const int code = MPI_Test(&collective->request, &done, MPI_STATUS_IGNORE);
+      return code != MPI_SUCCESS || done != 0;
+    });
+  }
+
+  // Polls `collective` until MPI completes it (OK), a peer is known to be gone, or the deadline
+  // passes. On an error the group takes `collective` (it becomes null): MPI may still read and
+  // write its buffers.
+  Status Wait(std::unique_ptr<Collective>& collective, std::string_view step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    Status status = Poll(collective->request, step);
+    if (!status.ok()) abandoned_.push_back(std::move(collective));
+    ReleaseCompletedAbandoned();
+    return status;
+  }
+
+  Status Poll(MPI_Request& request, std::string_view step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
     using Clock = std::chrono::steady_clock;
     const double timeout = CollectiveTimeoutSeconds();
     const auto start = Clock::now();
@@ -241,7 +386,7 @@ class MpiProcessGroup final : public ProcessGroup {
     auto sleep = std::chrono::microseconds(20);
     while (true) {
       int done = 0;
-      FERRY_RETURN_IF_ERROR(Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), step));
+      FERRY_RETURN_IF_ERROR(Check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), step));
       if (done) return OkStatus();
       const auto now = Clock::now();
       const bool check_pids = now >= next_peer_check;
@@ -261,13 +406,15 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   Mutex mutex_;
-  MPI_Comm comm_ ABSL_GUARDED_BY(mutex_);
+  MPI_Comm comm_ ABSL_GUARDED_BY(mutex_) = MPI_COMM_NULL;
   const bool initialized_here_;
   const int rank_;
   const int size_;
   std::vector<Peer> peers_ ABSL_GUARDED_BY(mutex_);
   Status broken_ ABSL_GUARDED_BY(mutex_);
   bool finalized_ ABSL_GUARDED_BY(mutex_) = false;
+  // Collectives given up on that MPI may still be using (see Wait).
+  std::vector<std::unique_ptr<Collective>> abandoned_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace
@@ -278,27 +425,20 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeMpiProcessGroup() {
   if (finalized) return UnavailableError("MPI was already finalized in this process");
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) {
-    // ferry serialises its own MPI calls (one mutex per group).
-    int provided = 0;
-    if (int code = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
-        code != MPI_SUCCESS) {
-      return UnavailableError(fmt::format("MPI_Init_thread failed: {}", MpiErrorString(code)));
-    }
-  }
+  if (!initialized) FERRY_RETURN_IF_ERROR(InitializeMpiWithin(CollectiveTimeoutSeconds()));
   InstallPeerFailureHandler();
-  MPI_Comm comm;
-  if (int code = MPI_Comm_dup(MPI_COMM_WORLD, &comm); code != MPI_SUCCESS) {
-    return UnavailableError(fmt::format("MPI_Comm_dup failed: {}", MpiErrorString(code)));
-  }
-  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   int rank = 0;
   int size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  auto group = std::make_unique<MpiProcessGroup>(comm, !initialized, rank, size);
-  FERRY_RETURN_IF_ERROR(group->ExchangePeers());
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  auto group = std::make_unique<MpiProcessGroup>(!initialized, rank, size);
+  FERRY_RETURN_IF_ERROR(group->Start());
   return group;
+}
+
+int AbandonedCollectivesForTesting(ProcessGroup& group) {
+  auto* mpi = dynamic_cast<MpiProcessGroup*>(&group);
+  return mpi != nullptr ? mpi->PollAbandoned() : 0;
 }
 
 void FinalizeIfMpi(ProcessGroup& group) {
@@ -308,13 +448,14 @@ void FinalizeIfMpi(ProcessGroup& group) {
 }  // namespace ferry::distributed::internal
 
 #ifdef FERRY_MPI_MODULE
-// Built as libferry_mpi.so (with hidden visibility: the two functions above bind inside the
+// Built as libferry_mpi.so (with hidden visibility: the functions above bind inside the
 // module, never to the loader's functions of the same names in libferry.so).
 extern "C" __attribute__((visibility("default"))) const ferry::distributed::internal::MpiModule*
 FerryMpiModule() {
   namespace internal = ferry::distributed::internal;
   static const internal::MpiModule module{internal::kMpiModuleVersion,
-                                          &internal::MakeMpiProcessGroup, &internal::FinalizeIfMpi};
+                                          &internal::MakeMpiProcessGroup, &internal::FinalizeIfMpi,
+                                          &internal::AbandonedCollectivesForTesting};
   return &module;
 }
 #endif

@@ -18,22 +18,31 @@ extern const bool kHaveMpi;
 
 // Initialises MPI unless the program already did (then it is only joined, never finalized here),
 // and makes a group over a duplicate of MPI_COMM_WORLD. Unavailable without MPI, or when MPI was
-// already finalized.
+// already finalized. Every step waits for the other ranks at most CollectiveTimeoutSeconds():
+// DeadlineExceeded when one never starts MPI; when MPI_Init_thread itself timed out, MPI cannot be
+// used in this process any more (a thread stays blocked in it) and every later call returns the
+// same error.
 StatusOr<std::unique_ptr<ProcessGroup>> MakeMpiProcessGroup();
 
 // MPI_Finalize if `group` is an MPI group that initialised MPI itself and is not broken (a broken
 // group's peers may be gone, and finalizing would wait for them). Does nothing otherwise.
 void FinalizeIfMpi(ProcessGroup& group);
 
+// For tests: how many collectives `group` gave up on (deadline, dead peer) that MPI still holds,
+// after releasing those MPI has completed since (one MPI_Test each). Their buffers stay allocated
+// until then. 0 for a group that is not an MPI group.
+int AbandonedCollectivesForTesting(ProcessGroup& group);
+
 // What libferry_mpi.so hands the loader (its one exported symbol, `FerryMpiModule`, returns it):
-// the two functions above, built inside the module. Both sides are built from one source tree in
+// the functions above, built inside the module. Both sides are built from one source tree in
 // one build, so the table is checked by its version alone.
 struct MpiModule {
   int version;
   StatusOr<std::unique_ptr<ProcessGroup>> (*make_group)();
   void (*finalize_if_mpi)(ProcessGroup&);
+  int (*abandoned_collectives_for_testing)(ProcessGroup&);
 };
-inline constexpr int kMpiModuleVersion = 1;
+inline constexpr int kMpiModuleVersion = 2;
 inline constexpr char kMpiModuleEntry[] = "FerryMpiModule";
 
 }  // namespace ferry::distributed::internal

@@ -3,12 +3,15 @@
 // every test, and each test's collective calls are the same on every rank.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "ferry/core/copy_convert.h"
+#include "ferry/core/settings.h"
 #include "ferry/device/registry.h"
 #include "ferry/distributed/global_devices.h"
 #include "ferry/distributed/process_group.h"
@@ -16,6 +19,7 @@
 #include "ferry/io/tensor_writer.h"
 #include "ferry/runtime/sharding.h"
 #include "fmt/format.h"
+#include "src/distributed/mpi_process_group.h"
 
 namespace ferry {
 namespace {
@@ -139,6 +143,45 @@ TEST(ProcessGroup, AllReduceSumAddsEveryRanksValues) {
   const uint64_t n = static_cast<uint64_t>(Group().size());
   EXPECT_EQ((*sums)[0], n * (n + 1) / 2);
   EXPECT_EQ((*sums)[1], ~uint64_t{0} * n);  // wraps
+}
+
+// Item 8 of issue 25: a collective that gave up (here: its deadline) must not free the buffers MPI
+// may still write a late peer's data into. On a group of its own (the process-wide one must stay
+// whole for the other tests), the last rank joins an all-gather after the others gave up on its
+// first step (the sizes); the early ranks' group keeps that step's buffers after AllGather
+// returned, and releases them once MPI completes it, which the late rank's arrival allows (the
+// process-wide barrier below drives MPI's progress). The late rank then waits in the second step,
+// which no rank will ever join: its group keeps that one for good.
+TEST(ProcessGroup, ATimedOutCollectiveKeepsItsBuffersUntilMpiHasCompletedIt) {
+  if (Group().size() == 1) GTEST_SKIP() << "needs mpiexec: a one-process group never waits";
+  ASSERT_TRUE(Group().Barrier("before the side group").ok());
+  auto side = distributed::internal::MakeMpiProcessGroup();
+  ASSERT_TRUE(side.ok()) << side.status();
+  const bool late = Group().rank() == Group().size() - 1;
+  ASSERT_TRUE(SetSetting("FERRY_DISTRIBUTED_TIMEOUT_S", "2").ok());
+  if (late) std::this_thread::sleep_for(std::chrono::seconds(6));
+  auto gathered = (*side)->AllGather(std::string(1000, 'x'), "the late gather");
+  EXPECT_EQ(gathered.status().code(), absl::StatusCode::kDeadlineExceeded) << gathered.status();
+  if (!late) {
+    EXPECT_EQ(distributed::internal::AbandonedCollectivesForTesting(**side), 1)
+        << "the timed-out step's buffers were released while MPI still held its request";
+  }
+  ASSERT_TRUE(ClearSetting("FERRY_DISTRIBUTED_TIMEOUT_S").ok());
+  ASSERT_TRUE(Group().Barrier("after the late gather").ok());
+  if (late) {
+    EXPECT_EQ(distributed::internal::AbandonedCollectivesForTesting(**side), 1);
+  } else {
+    // MPI completes the early ranks' step once the late rank has joined it; the bound only
+    // detects a step that never completes (a hang), it measures nothing.
+    int abandoned = distributed::internal::AbandonedCollectivesForTesting(**side);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (abandoned != 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      abandoned = distributed::internal::AbandonedCollectivesForTesting(**side);
+    }
+    EXPECT_EQ(abandoned, 0) << "MPI never completed the step the late rank joined";
+  }
+  ASSERT_TRUE(Group().Barrier("after the side group").ok());
 }
 
 TEST(GlobalDevices, ListEveryProcessesDevicesInProcessOrder) {

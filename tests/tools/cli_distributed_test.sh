@@ -101,5 +101,17 @@ check "--shard-dim differs between ranks" nonzero "$mpiexec" -n 2 sh -c \
   "exec $ferry put $work/s.safetensors --mesh all --shard-dim \$PMI_RANK"
 expect_output "every rank names the difference" "the command line differs between ranks" "$work/err" 2
 
+# A rank that never starts MPI (it exits at once, or runs `ferry devices`, which needs no MPI):
+# MPI_Init_thread waits for it forever, so start-up has the collective deadline too. Every rank
+# that runs `put` fails with the deadline's error instead of hanging (check's `timeout 120` tells a
+# hang, exit 124, from that failure). -disable-auto-cleanup: by default mpiexec kills the other
+# ranks as soon as the first one exits non-zero, before they can print.
+for other in true "$ferry devices"; do
+  check "a rank that never starts MPI ($other)" nonzero env FERRY_DISTRIBUTED_TIMEOUT_S=5 \
+    "$mpiexec" -disable-auto-cleanup -n 2 "$ferry" put "$work/s.safetensors" --mesh all : -n 1 $other
+  expect_output "every put rank reports the start-up deadline ($other)" \
+    "MPI start-up (MPI_Init_thread) did not finish within 5 s" "$work/err" 2
+done
+
 echo "$passes passed, $failures failed"
 [[ $failures -eq 0 ]]
