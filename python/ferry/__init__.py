@@ -431,6 +431,16 @@ def _array_dtype(self: Array) -> np.dtype:
     return _NUMPY_DTYPES[self._dtype_name]
 
 
+def _array_bool(self: Array) -> bool:
+    """numpy's rule: an array of one element is that element's truth; any other size is
+    ambiguous (ValueError), rather than True for every non-empty array."""
+    if self.size != 1:
+        raise ValueError(
+            f"The truth value of an array with {self.size} elements is ambiguous (numpy's rule: "
+            "only a one-element array has one); use a.to_numpy().any() or .all()")
+    return bool(self.to_numpy())
+
+
 def _array_to_numpy(self: Array) -> np.ndarray:
     """The data as a new numpy array in the logical dtype (blocks without the GIL)."""
     return device_get(self)

@@ -880,6 +880,10 @@ NB_MODULE(_ferry, m) {
                    "Whether every shard is on this process's devices (always, in one process).")
       .def("_local_shards", &LocalShardsOf)
       // Written in Python (python/ferry/__init__.py, `_array_*`), defined here on the class.
+      .def(
+          "__bool__", [](nb::handle self) { return PythonHelper("_array_bool")(self); },
+          nb::sig("def __bool__(self) -> bool"),
+          "numpy's rule: the truth of the one element; ValueError for any other size.")
       .def_prop_ro(
           "dtype", [](nb::handle self) { return PythonHelper("_array_dtype")(self); },
           nb::sig("def dtype(self) -> numpy.dtype[typing.Any]"),

@@ -330,3 +330,14 @@ def test_sharding_specs_are_checked_as_written():
         ferry.Sharding(mesh, 3)
     with pytest.raises(ferry.InvalidArgumentError, match="entry 1 is 0"):
         ferry.Sharding(mesh, ("rows", 0))
+
+
+def test_bool_follows_numpys_rule():
+    # Before: bool() of any non-empty Array was True (Python's __len__ fallback).
+    assert bool(ferry.device_put(np.array([0.0]))) is False
+    assert bool(ferry.device_put(np.array(3))) is True
+    for values in (np.zeros(2), np.ones((2, 2)), np.zeros(0)):
+        with pytest.raises(ValueError, match="ambiguous"):
+            bool(np.asarray(values))
+        with pytest.raises(ValueError, match="ambiguous"):
+            bool(ferry.device_put(values))

@@ -262,9 +262,9 @@ check "put --exclude of every tensor" 1 "$ferry" put "$work/s.safetensors" --exc
 expect_output "an empty selection is explained" "leave no tensor to load" "$work/err"
 check "put --only over two files (matching in one)" 0 "$ferry" put "$work/s.safetensors" \
   "$work/f8.safetensors" --only w8 --verify
-expect_output "the one tensor put" "total: 1 tensors" "$work/out"
+expect_output "the one tensor put (singular)" "total: 1 tensor," "$work/out"
 check "put --only --mesh all" 0 "$ferry" put "$work/f8.safetensors" --mesh all --only 'w3?'
-expect_output "mesh all puts the selection" "total: 1 tensors" "$work/out"
+expect_output "mesh all puts the selection (singular)" "total: 1 tensor," "$work/out"
 
 # Tensor names are the file's bytes: a name holding terminal controls (an OSC title, a colour and
 # a newline) is escaped in the table, the lossy-conversion lines, the JSON and error messages;

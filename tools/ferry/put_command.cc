@@ -391,9 +391,10 @@ std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget&
   }
   std::string out = table.Render(width);
   const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
-  add(fmt::format("total: {} tensors, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
-                  tensors.size(), FormatBytes(static_cast<double>(summary.total_bytes)),
-                  summary.seconds, summary.gbps(), summary.vs_memcpy()));
+  add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
+                  tensors.size(), tensors.size() == 1 ? "" : "s",
+                  FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,
+                  summary.gbps(), summary.vs_memcpy()));
   add(fmt::format("on: {}", target.name));
   if (summary.verified) {
     add(summary.lossy.empty()

@@ -260,8 +260,10 @@ std::string FormatJobReport(const std::vector<Tensor>& tensors,
       "peak, file peak: its resident memory at its largest during the put, anonymous (heap, "
       "device buffers) and file-backed (mapped pages of the file, read by it or by another rank, "
       "and of the libraries)");
-  add(fmt::format("total: {} tensors, {} on {} devices of {} process(es)", tensors.size(),
-                  FormatBytes(static_cast<double>(job.total_bytes)), job.devices, job.processes));
+  add(fmt::format("total: {} tensor{}, {} on {} device{} of {} process{}", tensors.size(),
+                  tensors.size() == 1 ? "" : "s", FormatBytes(static_cast<double>(job.total_bytes)),
+                  job.devices, job.devices == 1 ? "" : "s", job.processes,
+                  job.processes == 1 ? "" : "es"));
   add(fmt::format("in {:.3f} s = {:.2f} GB/s aggregate; file pages resident after the run: {}",
                   job.seconds, job.aggregate_gbps(),
                   FormatBytes(static_cast<double>(job.resident_after))));
