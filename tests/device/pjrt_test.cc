@@ -22,6 +22,7 @@
 #if FERRY_HAVE_PJRT
 #include "pjrt_c_api.h"
 #include "src/device/pjrt/pjrt_client.h"
+#include "tests/device/pjrt_patched_api.h"
 #include "tests/required_backends.h"
 #endif
 
@@ -421,34 +422,27 @@ TEST(PjrtTest, RejectedClientOptionsLeaveNoPluginClientBehind) {
   EXPECT_LE(ThreadCount(), before);
 }
 
-// A fake copy of the plugin's function table whose PJRT_Buffer_ReadyEvent fails, installed in
-// ferry's cached PjrtLibrary for the plugin while it lives (the client made meanwhile calls it);
+// The plugin's function table with a PJRT_Buffer_ReadyEvent that fails (PatchedPjrtApi);
 // everything else is the real plugin. Its error is a sentinel the wrapped error functions know.
 class FailingReadyEvent {
  public:
-  explicit FailingReadyEvent(const pjrt::PjrtLibrary* library)
-      : library_(const_cast<pjrt::PjrtLibrary*>(library)) {
-    real_ = library->api;
-    std::memcpy(&fake_, real_, std::min(real_->struct_size, sizeof(PJRT_Api)));
-    fake_.PJRT_Buffer_ReadyEvent = [](PJRT_Buffer_ReadyEvent_Args*) { return Sentinel(); };
-    fake_.PJRT_Error_Message = [](PJRT_Error_Message_Args* args) {
-      if (args->error != Sentinel()) return real_->PJRT_Error_Message(args);
+  explicit FailingReadyEvent(const pjrt::PjrtLibrary* library) : patched_(library) {
+    PJRT_Api& fake = patched_.api();
+    fake.PJRT_Buffer_ReadyEvent = [](PJRT_Buffer_ReadyEvent_Args*) { return Sentinel(); };
+    fake.PJRT_Error_Message = [](PJRT_Error_Message_Args* args) {
+      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_Message(args);
       args->message = kMessage;
       args->message_size = std::strlen(kMessage);
     };
-    fake_.PJRT_Error_GetCode = [](PJRT_Error_GetCode_Args* args) -> PJRT_Error* {
-      if (args->error != Sentinel()) return real_->PJRT_Error_GetCode(args);
+    fake.PJRT_Error_GetCode = [](PJRT_Error_GetCode_Args* args) -> PJRT_Error* {
+      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_GetCode(args);
       args->code = PJRT_Error_Code_RESOURCE_EXHAUSTED;
       return nullptr;
     };
-    fake_.PJRT_Error_Destroy = [](PJRT_Error_Destroy_Args* args) {
-      if (args->error != Sentinel()) real_->PJRT_Error_Destroy(args);
+    fake.PJRT_Error_Destroy = [](PJRT_Error_Destroy_Args* args) {
+      if (args->error != Sentinel()) PatchedPjrtApi::real().PJRT_Error_Destroy(args);
     };
-    library_->api = &fake_;
   }
-  ~FailingReadyEvent() { library_->api = real_; }
-  FailingReadyEvent(const FailingReadyEvent&) = delete;
-  FailingReadyEvent& operator=(const FailingReadyEvent&) = delete;
 
   static constexpr const char* kMessage = "no ready event (test)";
 
@@ -458,9 +452,7 @@ class FailingReadyEvent {
     return reinterpret_cast<PJRT_Error*>(&sentinel);
   }
 
-  pjrt::PjrtLibrary* const library_;
-  static inline const PJRT_Api* real_ = nullptr;
-  PJRT_Api fake_{};
+  PatchedPjrtApi patched_;
 };
 
 // A buffer whose ready event the plugin cannot give is not ready: its error comes back from the

@@ -356,8 +356,14 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
   FERRY_RETURN_IF_ERROR(DeviceBytesFor(src, device_dtype, *device, tensor_name).status());
   const bool same_dtype = src.dtype == device_dtype;
   if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
-    const bool aliasable = same_dtype && src.IsRowMajorDense() && src.IsNativeByteOrder() &&
-                           src.num_elements() > 0 &&
+    // Only where ferry can read a buffer's address in host memory can it tell an alias from a
+    // copy after the call. Elsewhere (every GPU plugin) the plugin copies anyway: the put is a
+    // copy, reserved up front and counted as a fallback like any source that cannot alias.
+    const bool alias_visible =
+        platform_.buffers_on_cpu &&
+        FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
+    const bool aliasable = alias_visible && same_dtype && src.IsRowMajorDense() &&
+                           src.IsNativeByteOrder() && src.num_elements() > 0 &&
                            reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
     if (aliasable) {
       return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
@@ -418,14 +424,12 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
   FERRY_RETURN_IF_ERROR(runtime_->Check(
       api.PJRT_Client_BufferFromHostBuffer(&args),
       fmt::format("tensor '{}': BufferFromHostBuffer on {}", tensor_name, device->name())));
-  metrics::DirectTransfers()->Add();
   auto handle = std::make_shared<PjrtBufferHandle>(runtime_, args.buffer);
 
   PjrtBufferParts parts;
   parts.handle = handle;
   parts.device_dtype = src.dtype;
   parts.dims = src.dims;
-  parts.memory_keepalive = accounted;
   std::byte* device_pointer = nullptr;
   if (platform_.buffers_on_cpu &&
       FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer)) {
@@ -436,6 +440,23 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     }
   }
   parts.is_alias = zero_copy && device_pointer != nullptr && device_pointer == src.data;
+  if (zero_copy && !parts.is_alias) {
+    // The plugin copied where it was allowed to alias: the copy holds device memory like any
+    // other, and the put is a fallback. Over the limit the call fails as a copy would, and
+    // on_done never runs: the buffer goes, and the source is the caller's again once the plugin
+    // has let go of it.
+    if (Status reserved = device->memory()->Reserve(device_bytes, tensor_name, device->name());
+        !reserved.ok()) {
+      parts.handle.reset();
+      handle.reset();
+      AwaitEvent(api, args.done_with_host_buffer, "done_with_host_buffer").IgnoreError();
+      return reserved;
+    }
+    accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
+    metrics::ZeroCopyFallbacks()->Add();
+  }
+  parts.memory_keepalive = accounted;
+  metrics::DirectTransfers()->Add();
   // ferry reads the plugin's memory itself only where it may (direct host access), or where it
   // is the caller's own memory (an alias): the plugin's events can complete before its copies
   // have landed (see PjrtBuffer::ToHost), and its own reads are ordered after them.

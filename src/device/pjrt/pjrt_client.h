@@ -3,9 +3,13 @@
 // factory returns Unavailable with the reason and the rest of ferry works as before.
 //
 // Host -> device, per source (docs/pjrt.md has the measurements behind each choice):
-// - kImmutableZeroCopy of a dense, native, 64-byte-aligned source in the device dtype: the
-//   plugin's own BufferFromHostBuffer with ZeroCopy (the CPU plugin aliases it); on_done runs
-//   from the plugin's done_with_host_buffer event (at the buffer's destruction when it aliases).
+// - kImmutableZeroCopy of a dense, native, 64-byte-aligned source in the device dtype, on a
+//   plugin whose buffers are in host memory: the plugin's own BufferFromHostBuffer with ZeroCopy
+//   (the CPU plugin aliases it); on_done runs from the plugin's done_with_host_buffer event (at
+//   the buffer's destruction when it aliases). A plugin that copied instead (the buffer's address
+//   is not the source's) holds device memory: it is reserved after the call and the put counts
+//   as a ZeroCopyFallbacks. Any other zero-copy put (every GPU plugin: ferry cannot see its
+//   buffers) is a kImmutableUntilTransferCompletes put, reserved up front, and a fallback.
 // - direct host access (the plugin's buffers are on the CPU, and
 //   ClientOptions::pjrt_direct_host_access is not false): ferry allocates the device memory from
 //   its warm cache, writes it with the fused copy-convert (any strides, any conversion) on the
