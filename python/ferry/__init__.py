@@ -6,8 +6,10 @@ their source alive exactly as long as they read it, and no GIL deadlocks. See do
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -26,6 +28,19 @@ os.environ.setdefault(
 from . import _ferry  # noqa: E402
 from ._ferry import Device  # noqa: E402
 from . import distributed  # noqa: E402
+
+
+def _quiet_exit_with_daemon_threads() -> None:
+    """At exit (atexit runs after the non-daemon threads were joined and before the daemon ones are
+    frozen): when daemon threads still run, the objects they hold outlive the interpreter, and
+    nanobind's leak report would call each of them a reference counting bug (docs/python.md, Exit).
+    A normal exit keeps the report, so that a real leak is still seen."""
+    current = threading.current_thread()
+    if any(t.daemon and t.is_alive() and t is not current for t in threading.enumerate()):
+        _ferry._set_leak_warnings(False)
+
+
+atexit.register(_quiet_exit_with_daemon_threads)
 
 __version__: str = _ferry.__version__
 

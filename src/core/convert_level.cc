@@ -13,6 +13,7 @@
 #include "ferry/core/settings.h"
 #include "ferry/core/status.h"
 #include "fmt/format.h"
+#include "src/core/fork_locks.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -97,7 +98,11 @@ struct ActiveLevel {
 }  // namespace
 
 StatusOr<ConvertKernelLevel> ActiveConvertKernelLevel() {
-  static auto* const active = new ActiveLevel();
+  static auto* const active = [] {
+    auto* created = new ActiveLevel();
+    internal::RegisterForkLock(internal::ForkLockRank::kConvertKernelLevel, created->mutex);
+    return created;
+  }();
   const uint64_t generation = SettingsGeneration();
   if (active->generation.load(std::memory_order_acquire) == generation) {
     const int level = active->level.load(std::memory_order_acquire);

@@ -36,6 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
+#include "src/core/fork_locks.h"
 
 namespace ferry {
 
@@ -129,6 +130,10 @@ class FreedMemoryCache {
     }
     Release(evicted);
   }
+
+  // Takes this cache's lock around every fork() (fork_locks.h). Only for a cache that is never
+  // destroyed.
+  void RegisterForkLock(internal::ForkLockRank rank) { internal::RegisterForkLock(rank, mutex_); }
 
   int64_t limit_bytes() const {
     MutexLock lock(mutex_);

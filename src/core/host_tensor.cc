@@ -13,6 +13,7 @@
 #include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/fork_locks.h"
 #include "src/core/freed_memory_cache.h"
 #include "src/core/host_memory_cache.h"
 
@@ -47,8 +48,9 @@ std::byte* AllocateFromSystem(int64_t size_bytes) {
   return static_cast<std::byte*>(memory);
 }
 
-// The cache and what its limit was read from. Never destroyed: blocks freed during static
-// destruction still find it.
+// The cache and what its limit was read from. Its locks are taken around fork(), so that a child
+// forked while another thread allocates or frees finds them free. Never destroyed: blocks freed
+// during static destruction still find it.
 struct HostCache {
   FreedMemoryCache<std::byte*> cache;
   // The SettingsGeneration() the limit was read at; the limit is read again when it changes.
@@ -63,7 +65,10 @@ struct HostCache {
             metrics::HostMemoryCacheBytes(), metrics::HostMemoryCacheLimitBytes()),
         settings_generation(generation),
         setting_bad(!status.ok()),
-        setting_status(std::move(status)) {}
+        setting_status(std::move(status)) {
+    internal::RegisterForkLock(internal::ForkLockRank::kHostMemoryCacheRefresh, refresh_mutex);
+    cache.RegisterForkLock(internal::ForkLockRank::kHostMemoryCache);
+  }
 
   // Reads the limit again after SetSetting or ClearSetting. Serialised, so that the last reader
   // applies the latest value.

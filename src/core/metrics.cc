@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "src/core/fork_locks.h"
 
 namespace ferry {
 namespace {
@@ -27,8 +28,39 @@ struct Registry {
       std::chrono::steady_clock::now();
 };
 
+Registry& GetRegistry();
+
+}  // namespace
+
+namespace internal {
+
+// Around fork(): the registry's lock, then (as MetricsReport does) every metric's own, so that no
+// other thread is inside either when the child is made.
+struct MetricsForkLock {
+  static void Lock(void*) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Registry& registry = GetRegistry();
+    registry.mutex.Lock();
+    for (auto& [name, metric] : registry.metrics) metric->mutex_.Lock();
+  }
+  static void Unlock(void*) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    Registry& registry = GetRegistry();
+    for (auto& [name, metric] : registry.metrics) metric->mutex_.Unlock();
+    registry.mutex.Unlock();
+  }
+};
+
+}  // namespace internal
+
+namespace {
+
 Registry& GetRegistry() {
-  static Registry* const registry = new Registry();
+  static Registry* const registry = [] {
+    auto* created = new Registry();
+    internal::RegisterForkLock(internal::ForkLockRank::kMetricsRegistry,
+                               &internal::MetricsForkLock::Lock, &internal::MetricsForkLock::Unlock,
+                               nullptr);
+    return created;
+  }();
   return *registry;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "ferry/core/mutex.h"
 #include "fmt/format.h"
+#include "src/core/fork_locks.h"
 #include "src/core/host_memory_cache.h"
 
 namespace ferry {
@@ -142,7 +143,11 @@ struct Overrides {
 
 // Never destroyed: settings may be read while static destructors run.
 Overrides& GetOverrides() {
-  static auto* const overrides = new Overrides();
+  static auto* const overrides = [] {
+    auto* created = new Overrides();
+    internal::RegisterForkLock(internal::ForkLockRank::kSettings, created->mutex);
+    return created;
+  }();
   return *overrides;
 }
 

@@ -8,6 +8,7 @@
 #include "ferry/core/settings.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/fork_locks.h"
 
 namespace ferry {
 
@@ -24,7 +25,11 @@ struct Registry {
 };
 
 Registry& GetRegistry() {
-  static Registry* registry = new Registry();
+  static Registry* const registry = [] {
+    auto* created = new Registry();
+    internal::RegisterForkLock(internal::ForkLockRank::kDeviceRegistry, created->mutex);
+    return created;
+  }();
   return *registry;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fmt/format.h"
+#include "src/core/fork_locks.h"
 
 namespace ferry {
 namespace {
@@ -57,7 +58,14 @@ struct MappedFileSignals {
     return slots;
   }
   static std::mutex& Mutex() {
-    static auto* mutex = new std::mutex();
+    static auto* mutex = [] {
+      auto* created = new std::mutex();
+      internal::RegisterForkLock(
+          internal::ForkLockRank::kMappedFiles,
+          [](void* held) { static_cast<std::mutex*>(held)->lock(); },
+          [](void* held) { static_cast<std::mutex*>(held)->unlock(); }, created);
+      return created;
+    }();
     return *mutex;
   }
   static inline std::atomic<uint64_t> events{0};

@@ -10,6 +10,7 @@
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/host_view.h"
 #include "fmt/format.h"
+#include "src/core/tsan_hand_off.h"
 #include "src/device/host/host_buffer.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/plugin/plugin_errors.h"
@@ -112,6 +113,7 @@ struct ViewDeleteContext {
 };
 
 void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
+  TakeBackFromPlugin(user_arg);
   delete static_cast<ViewDeleteContext*>(user_arg);
 }
 
@@ -152,6 +154,7 @@ Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args
   view.on_delete_callback = &GiveBackViewMemory;
   auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{std::move(allocation)});
   view.on_delete_callback_arg = context.get();
+  HandOffToPlugin(context.get());
   FERRY_RETURN_IF_ERROR(TakeError(api, api.PJRT_Client_CreateViewOfDeviceBuffer(&view)));
   context.release();  // the plugin's now, until on_delete
 

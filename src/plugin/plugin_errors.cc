@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "ferry/core/mutex.h"
+#include "src/core/fork_locks.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 
 // The opaque type of the C API, defined by each plugin for its own errors; ferry's errors are a
@@ -24,6 +25,8 @@ std::atomic<const PJRT_Api*> wrapped_api{nullptr};
 // errors while the process exits.
 class ErrorRegistry {
  public:
+  ErrorRegistry() { internal::RegisterForkLock(internal::ForkLockRank::kPluginErrors, mutex_); }
+
   void Add(const void* error) {
     MutexLock lock(mutex_);
     live_.insert(error);

@@ -1038,6 +1038,11 @@ NB_MODULE(_ferry, m) {
   m.def("_deferred_release_enabled", &DeferredReleaseEnabled);
   m.def("_pending_release_count", &PendingReleaseCount);
   m.def("_drain_release_queue", &DrainReleaseQueue);
+  // nanobind reports, as the interpreter ends, every object of this module still alive then, as a
+  // reference counting bug. __init__.py turns that report off only for an exit at which daemon
+  // threads still run: the interpreter freezes them where they are, and what their frames hold
+  // (their device, their latest array) is never freed, by design rather than by a bug.
+  m.def("_set_leak_warnings", [](bool enabled) { nb::set_leak_warnings(enabled); });
 
   AddTensorFileFunctions(m);
   AddDistributedFunctions(m);

@@ -3,11 +3,14 @@
 // discovery must say what it tried; and transfers larger than one staging chunk must match the
 // host backend byte for byte on both the direct and the plugin's own paths.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/core/copy_convert.h"
@@ -491,6 +494,40 @@ TEST(PjrtTest, DeviceAddressSpacesFollowThePlatform) {
   EXPECT_EQ(static_cast<int>(AddressSpace::kRocm), 10);  // kDLROCM
 }
 #endif  // FERRY_HAVE_PJRT
+
+#if defined(__SANITIZE_THREAD__)
+// Not a test of ferry: a probe of tests/tsan_suppressions.txt, run only by the ctest
+// pjrt_tsan_reports_ferry_race_on_plugin_thread (tests/CMakeLists.txt), which passes only when
+// ThreadSanitizer reports the race below. A continuation of a buffer's Ready() runs on a plugin
+// thread (its stack has plugin frames under ferry's) and writes memory that the test thread then
+// writes too, ordered only by a relaxed atomic (no happens-before): a race in instrumented code
+// that a suppression matching a plugin frame anywhere in either stack would hide.
+int racy_value = 0;
+
+TEST(PjrtTsanProbe, DISABLED_RaceOnFerryMemoryFromAPluginThread) {
+  PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = false});
+  std::vector<float> source(size_t{8} << 20, 1.0f);  // 32 MiB: the plugin copies for a while
+  const std::thread::id test_thread = std::this_thread::get_id();
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    auto buffer = client->BufferFromHostBuffer(
+        HostView::Dense(source.data(), DType::kF32, {static_cast<int64_t>(source.size())}),
+        DType::kF32, client->devices()[0], HostBufferSemantics::kImmutableUntilTransferCompletes,
+        nullptr, "probe");
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    auto ran_on = std::make_shared<std::atomic<std::thread::id>>();
+    (*buffer)->Ready().OnReady([ran_on](const Status&) {
+      racy_value = racy_value + 1;
+      ran_on->store(std::this_thread::get_id(), std::memory_order_relaxed);
+    });
+    while (ran_on->load(std::memory_order_relaxed) == std::thread::id()) std::this_thread::yield();
+    if (ran_on->load(std::memory_order_relaxed) == test_thread) continue;  // ran inline: again
+    racy_value = racy_value + 1;
+    ASSERT_TRUE((*buffer)->Ready().Await().ok());
+    return;
+  }
+  GTEST_SKIP() << "every continuation ran inline: no race to report";
+}
+#endif
 
 }  // namespace
 }  // namespace ferry

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_python
+from conftest import DEVICE_NAMES, run_python
 
 # A put of 16 MiB and a read back: both run on the host engine's threads, not inline.
 PRELUDE = """
@@ -132,3 +132,34 @@ def test_exit_while_a_daemon_thread_is_inside_a_blocking_call_is_clean(call):
         result = run_python(code, timeout=60)
         assert "main done" in result.stdout, result.stderr
         assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+
+
+@pytest.mark.parametrize("device_name", DEVICE_NAMES)
+def test_exit_while_daemon_threads_put_and_read_is_quiet(device_name):
+    # Daemon threads put and read back in a loop, each holding its device and its latest array,
+    # when the main thread returns: the interpreter freezes them where they are, so those objects
+    # are never freed, and the exit must not call that a reference counting bug on stderr.
+    code = f"""
+    import threading, time
+    import numpy as np
+    import ferry
+    device = ferry.device("{device_name}")
+    started = threading.Event()
+    def loop(seed):
+        x = np.random.default_rng(seed).standard_normal((256, 257))
+        while True:
+            a = ferry.device_put(x[:, ::2], device)
+            np.asarray(a)
+            started.set()
+    for seed in range(4):
+        threading.Thread(target=loop, args=(seed,), daemon=True).start()
+    started.wait()
+    time.sleep(0.2)
+    print("main done", flush=True)
+    """
+    for attempt in range(3):
+        result = run_python(code, timeout=60)
+        assert "main done" in result.stdout, result.stderr
+        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+        assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
+        assert "reference counting" not in result.stderr, (attempt, result.stderr[-2000:])

@@ -22,6 +22,10 @@
 
 namespace ferry {
 
+namespace internal {
+struct MetricsForkLock;  // metrics.cc: takes every metric's lock around fork()
+}  // namespace internal
+
 class Counter {
  public:
   void Add(int64_t delta = 1) { value_.fetch_add(delta, std::memory_order_relaxed); }
@@ -49,6 +53,7 @@ class Metric {
   static constexpr size_t kWindow = 1024;
 
  private:
+  friend struct internal::MetricsForkLock;
   const MetricUnit unit_;
   mutable Mutex mutex_;
   int64_t total_samples_ ABSL_GUARDED_BY(mutex_) = 0;

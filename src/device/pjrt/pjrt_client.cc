@@ -10,6 +10,7 @@
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/tsan_hand_off.h"
 #include "src/device/piece_counter.h"
 #include "src/device/pjrt/pjrt_buffer.h"
 
@@ -556,6 +557,7 @@ struct ViewDeleteContext {
 };
 
 void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
+  TakeBackFromPlugin(user_arg);
   delete static_cast<ViewDeleteContext*>(user_arg);
 }
 
@@ -590,6 +592,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
   view.on_delete_callback = &GiveBackViewMemory;
   auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{allocation});
   view.on_delete_callback_arg = context.get();
+  HandOffToPlugin(context.get());
   FERRY_RETURN_IF_ERROR(runtime_->Check(
       api.PJRT_Client_CreateViewOfDeviceBuffer(&view),
       fmt::format("tensor '{}': CreateViewOfDeviceBuffer on {}", tensor_name, device->name())));

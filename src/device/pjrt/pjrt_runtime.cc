@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "fmt/format.h"
+#include "src/core/tsan_hand_off.h"
 
 namespace ferry::pjrt {
 namespace {
@@ -24,6 +25,7 @@ struct ReadyCallback {
 };
 
 void RunReadyCallback(PJRT_Error* error, void* user_arg) {
+  TakeBackFromPlugin(user_arg);
   std::unique_ptr<ReadyCallback> callback(static_cast<ReadyCallback*>(user_arg));
   Status status = ErrorToStatus(*callback->api, error, callback->what);
   // The event is destroyed before the callback runs: what the callback releases may include the
@@ -78,6 +80,7 @@ void OnEventReady(const PJRT_Api& api, PJRT_Event* event,
   args.callback = &RunReadyCallback;
   args.user_arg = callback.get();
   ReadyCallback* registered = callback.release();
+  HandOffToPlugin(registered);
   if (PJRT_Error* error = api.PJRT_Event_OnReady(&args); error != nullptr) {
     // Not registered: the callback object is still ours.
     std::unique_ptr<ReadyCallback> unregistered(registered);
