@@ -12,16 +12,24 @@ warm memory) and ``ToHostBuffer``::
 
 Or, with ``FERRY_JAX_PLUGIN=1`` in the environment, ``import jax`` registers it by itself
 (the ``jax_plugins`` entry point: :func:`initialize`).
+
+:func:`load_file` puts a checkpoint straight into ``jax.Array``s, each shard converted to the
+dtype asked for in the one pass that reads it from the mapped file.
 """
 
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from . import UnavailableError
+import numpy as np
 
-__all__ = ["counters", "initialize", "plugin_path", "register"]
+from . import InvalidArgumentError, UnavailableError
+
+__all__ = ["counters", "initialize", "load_file", "plugin_path", "register"]
 
 PLATFORM = "ferry"
 
@@ -96,3 +104,173 @@ def initialize() -> None:
     the environment."""
     if os.environ.get("FERRY_JAX_PLUGIN") == "1":
         register()
+
+
+def _default_jax_device() -> Any:
+    """The first device of ferry's platform when it is registered with JAX, else JAX's default
+    device."""
+    import jax
+    from jax._src import xla_bridge
+
+    if PLATFORM in xla_bridge._backend_factories:
+        return jax.devices(PLATFORM)[0]
+    return jax.devices()[0]
+
+
+def _jax_sharding_for(rule: Any, name: str, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """The jax Sharding of tensor `name`: `rule` is one Sharding, a dict {name: Sharding} or a
+    callable (name, shape, dtype) -> Sharding."""
+    import jax
+
+    if isinstance(rule, jax.sharding.Sharding):
+        sharding = rule
+    elif isinstance(rule, Mapping):
+        if name not in rule:
+            raise InvalidArgumentError(
+                f"ferry.jax.load_file: the sharding dict has no entry for tensor {name!r}")
+        sharding = rule[name]
+    elif callable(rule):
+        sharding = rule(name, shape, dtype)
+    else:
+        raise InvalidArgumentError(
+            "ferry.jax.load_file: sharding must be a jax.sharding.Sharding, a dict or a callable, "
+            f"not {type(rule).__name__}")
+    if not isinstance(sharding, jax.sharding.Sharding):
+        raise InvalidArgumentError(
+            f"ferry.jax.load_file: the sharding for {name!r} is {type(sharding).__name__}, not a "
+            "jax.sharding.Sharding")
+    # A NamedSharding whose spec names more dimensions than this tensor has (a rule meant for the
+    # matrices, met by a bias): replicated over the same mesh, as ferry.load_file does.
+    spec = getattr(sharding, "spec", None)
+    if spec is not None and len(spec) > len(shape):
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+    return sharding
+
+
+def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any) -> dict[str, np.ndarray]:
+    """Every chosen tensor of the files, by name, as read-only views of their mappings (which the
+    views keep alive). One file: ferry's own selection (only the chosen tensors are read). Several:
+    a name or pattern need only be in one of them, so each file is opened whole (mapped: nothing
+    is read but a compressed .npz member) and the same rules are applied across all."""
+    from . import NotFoundError, _string_list, open_file
+
+    if len(paths) == 1:
+        return dict(open_file(paths[0], names=names, pattern=pattern, exclude=exclude))
+    tensors: dict[str, np.ndarray] = {}
+    for each in paths:
+        for name, view in open_file(each).items():
+            if name in tensors:
+                raise InvalidArgumentError(
+                    f"ferry.jax.load_file: tensor {name!r} is in more than one of the files")
+            tensors[name] = view
+    wanted = _string_list(names, "names")
+    patterns = _string_list(pattern, "pattern")
+    excluded = _string_list(exclude, "exclude")
+    for name in wanted:
+        if name not in tensors:
+            raise NotFoundError(f"ferry.jax.load_file: no tensor named {name!r} in the {len(paths)} files")
+    for glob in patterns:
+        if not any(fnmatch.fnmatchcase(name, glob) for name in tensors):
+            raise NotFoundError(
+                f"ferry.jax.load_file: pattern {glob!r} matches no tensor of the {len(paths)} files")
+    chosen = {
+        name: view for name, view in tensors.items()
+        if ((not wanted and not patterns) or name in wanted
+            or any(fnmatch.fnmatchcase(name, glob) for glob in patterns))
+        and not any(fnmatch.fnmatchcase(name, glob) for glob in excluded)}
+    if not chosen:
+        raise InvalidArgumentError("ferry.jax.load_file: the exclude patterns leave no tensor to load")
+    return chosen
+
+
+def load_file(
+    path: str | os.PathLike | Sequence[str | os.PathLike],
+    sharding: Any = None,
+    dtype: Any = None,
+    *,
+    device: Any = None,
+    dtype_all: bool = False,
+    names: str | Iterable[str] | None = None,
+    pattern: str | Iterable[str] | None = None,
+    exclude: str | Iterable[str] | None = None,
+) -> dict[str, Any]:
+    """Every tensor of a safetensors, .npy or .npz file (or of each file of a list) as
+    ``jax.Array``s, by name, in file order.
+
+    Each shard is read by ferry from a strided view of the mapped file (only the bytes that shard
+    covers), converted to ``dtype`` in that same pass on ferry's workers, into 64-byte-aligned
+    memory of ferry's, which JAX then takes without another copy where the device's memory is host
+    memory (ferry's platform over the CPU plugin, or JAX's "cpu"); a device whose memory is not
+    host memory gets that buffer through its plugin's own transfer. The file is read once, and no
+    cast runs on the device.
+
+    sharding: a ``jax.sharding.Sharding`` (a ``NamedSharding`` whose spec is longer than a
+      tensor's rank replicates that tensor over its mesh), a dict {name: Sharding}, or a callable
+      (name, shape, numpy dtype) -> Sharding. None: every tensor on ``device``.
+    dtype: the dtype to store (a name, numpy, ml_dtypes or jnp dtype), applied as
+      ``ferry.load_file``'s ``device_dtype`` is: to the tensors of its kind (a floating-point dtype
+      to floating-point tensors, an integer one to integer tensors), or to all with
+      ``dtype_all=True``. Types JAX does not keep without x64 (int64, float64, ...) are stored as
+      JAX would canonicalise them (int32, float32, ...), in the same pass.
+    device: a jax Device when there is no sharding; by default the first device of ferry's
+      platform when ``register()`` was called, else JAX's default device.
+    names, pattern, exclude: which tensors to load, as ``ferry.load_file`` takes them; with
+      several files a name or pattern need be in only one of them.
+    """
+    import jax
+
+    from . import _dtype_kind, _dtype_name, _NUMPY_DTYPES
+    from . import device_put as ferry_device_put
+
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    if not paths:
+        raise InvalidArgumentError("ferry.jax.load_file: no file given")
+    if sharding is not None and device is not None:
+        raise InvalidArgumentError(
+            "ferry.jax.load_file: give a device or a sharding, not both (the sharding names the "
+            "devices)")
+    if sharding is None:
+        sharding = jax.sharding.SingleDeviceSharding(device or _default_jax_device())
+    requested = None if dtype is None else _dtype_name(np.dtype(dtype))
+
+    tensors = _open_files(paths, names, pattern, exclude)
+
+    # One batched ferry put of every shard of every tensor into host:0, each converted on the way.
+    plans = []  # (name, global shape, jax sharding, stored dtype name, [device, ...])
+    views: list[np.ndarray] = []
+    view_dtypes: list[str] = []
+    for name, view in tensors.items():
+        logical = _dtype_name(view.dtype.newbyteorder("="))
+        applies = requested is not None and (
+            dtype_all or _dtype_kind(logical) == _dtype_kind(requested))
+        stored = requested if applies else logical
+        stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
+        tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
+        devices = []
+        for device_of_shard, index in tensor_sharding.addressable_devices_indices_map(
+                tuple(view.shape)).items():
+            devices.append(device_of_shard)
+            views.append(view[index] if index else view)  # () for a 0-d tensor
+            view_dtypes.append(stored)
+        plans.append((name, tuple(view.shape), tensor_sharding, stored, devices))
+    host_arrays = ferry_device_put(views, "host:0", device_dtype=view_dtypes) if views else []
+
+    # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where the
+    # device's memory is host memory and the address 64-byte aligned, as ferry's is).
+    shard_arrays = []
+    for host_array, stored in zip(host_arrays, view_dtypes):
+        stored_view, reason = host_array._numpy_view(stored=True)
+        if stored_view is None:
+            raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
+        shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
+    shard_devices = [device for *_, devices in plans for device in devices]
+    placed = jax.device_put(shard_arrays, shard_devices) if shard_arrays else []
+
+    result: dict[str, Any] = {}
+    position = 0
+    for name, shape, tensor_sharding, _, devices in plans:
+        count = len(devices)
+        result[name] = jax.make_array_from_single_device_arrays(
+            shape, tensor_sharding, placed[position:position + count])
+        position += count
+    return result

@@ -443,13 +443,16 @@ class Array {
   // stays valid while it or any view of it lives, whatever happens to this Array: delete() drops
   // only the Array's own reference. Waits for the transfer into the array first. Otherwise
   // (None, why not), for numpy's copy=False error.
-  nb::tuple NumpyView() const {
+  // A read-only numpy view of the array's device memory (host-addressable memory only), or None
+  // and the reason. `stored`: the bytes as the device stores them (its device dtype, bfloat16
+  // and float8 as unsigned ints of their size) even where that is not the logical dtype.
+  nb::tuple NumpyView(bool stored) const {
     if (sharded_) {
       return nb::make_tuple(nb::none(),
                             "it is sharded, and numpy needs the shards assembled into one copy");
     }
     DataPtr data_ref = data();
-    if (data_ref->device_dtype() != data_ref->logical_dtype()) {
+    if (!stored && data_ref->device_dtype() != data_ref->logical_dtype()) {
       return nb::make_tuple(nb::none(), fmt::format("the device stores it as {}, not as its {}",
                                                     DTypeName(data_ref->device_dtype()),
                                                     DTypeName(data_ref->logical_dtype())));
@@ -869,7 +872,7 @@ NB_MODULE(_ferry, m) {
            "still uses it); is_deleted() is then True.")
       .def("_export_dlpack", &Array::ExportDLPack, nb::arg("max_version_major"),
            nb::arg("copy").none())
-      .def("_numpy_view", &Array::NumpyView)
+      .def("_numpy_view", &Array::NumpyView, nb::arg("stored") = false)
       .def_prop_ro("devices", &Array::devices, nb::rv_policy::reference,
                    "The devices holding the data: one, or each mesh device in mesh order.")
       .def_prop_ro("_is_sharded", [](const Array& a) { return a.sharded() != nullptr; })
