@@ -20,14 +20,15 @@ ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LONG_NAME = "model.encoder.layers.17.attention.self_attention_block.query_key_value_projection.weight"
 
 
-def run_in_terminal(args, columns, env=None):
-    """Runs FERRY args with stdin/stdout/stderr on a pty of `columns`; returns (rc, output)."""
+def run_in_terminal(args, columns, env=None, program=None):
+    """Runs FERRY (or `program`) args with stdin/stdout/stderr on a pty of `columns`; returns
+    (rc, output)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     child_env = dict(os.environ)
     child_env.pop("COLUMNS", None)
     child_env.update(env or {})
-    process = subprocess.Popen([FERRY] + args, stdin=slave, stdout=slave, stderr=slave,
+    process = subprocess.Popen([program or FERRY] + args, stdin=slave, stdout=slave, stderr=slave,
                                env=child_env, close_fds=True)
     os.close(slave)
     chunks = []
@@ -117,6 +118,28 @@ with tempfile.TemporaryDirectory() as work:
         rc, out = run_in_terminal(args, 80)
         check(f"{' '.join(args)} exits 0", rc == 0, out)
         check_fits(" ".join(args), out, 80)
+
+    # The benchmark (`ferry bench` runs ferry-bench beside ferry): its help, its list of cases and
+    # a sample of its table (tiny sizes: only the layout is checked, never a time).
+    bench = os.path.join(os.path.dirname(FERRY), "ferry-bench")
+    if os.access(bench, os.X_OK):
+        for args in (["bench", "--help"], ["bench", "--list"]):
+            rc, out = run_in_terminal(args, 80)
+            check(f"{' '.join(args)} exits 0", rc == 0, out)
+            check_fits(" ".join(args), out, 80)
+        rc, out = run_in_terminal(["--help"], 80, program=bench)
+        check("ferry-bench --help exits 0", rc == 0, out)
+        check_fits("ferry-bench --help", out, 80)
+        cases = "h2d_contiguous,h2d_convert_f32_bf16,raw_clwrite"
+        rc, out = run_in_terminal(
+            ["bench", "--case", cases, "--size", "0.01", "--repeats", "5"], 80)
+        check("bench (a sample) exits 0", rc == 0, out)
+        lines = check_fits("bench table", out, 80)
+        check("bench printed its rows",
+              any(line.startswith("h2d_convert_f32_bf16 ") for line in lines) and
+              any(line.startswith("  peak extra ") for line in lines), out)
+    else:
+        print(f"skip: ferry bench: no ferry-bench beside {FERRY}")
 
     rc, out = run_in_terminal(["put", os.path.join(work, "missing" * 12 + ".safetensors")], 80)
     check("a missing file exits 1", rc == 1, out)
