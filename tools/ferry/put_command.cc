@@ -26,6 +26,7 @@
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
 #include "tools/ferry/put_distributed.h"
+#include "tools/ferry/tensor_table.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
@@ -45,11 +46,13 @@ struct PutOptions {
   bool drop_page_cache = false;      // --mesh all: see DistributedPutOptions
   std::vector<std::string> only;     // --only: glob patterns of the tensors to put (all if none)
   std::vector<std::string> exclude;  // --exclude: glob patterns of tensors to leave out
+  bool wide = false;                 // --wide: whole tensor names, lines as long as they must be
 };
 
 // One tensor of one file, and where it went.
 struct PutTensor {
   std::string file;
+  size_t file_number = 1;  // its file's position on the command line, from 1
   TensorFileEntry entry;
   // The device dtype asked for this tensor: --device-dtype where it applies, else nullopt (each
   // device's profile decides, shard by shard on a mesh mixing backends, as device_put does).
@@ -58,8 +61,11 @@ struct PutTensor {
   // shard's, and `mixed_dtypes` lists them all ("float32/float64").
   DType device_dtype = DType::kF32;
   std::string mixed_dtypes;
-  std::string path;  // aliased / direct / converted / byte-swapped (sharded: "sharded/" + path)
-  DataPtr data;      // unsharded
+  std::string path;  // aliased / direct / converted / byte-swapped
+  // On a mesh: "sharded" (dim --shard-dim split over the devices) or "replicated" (whole on each
+  // device: a tensor of rank --shard-dim or less); empty on one device.
+  std::string placement;
+  DataPtr data;            // unsharded
   ShardedDataPtr sharded;  // sharded over the mesh
   int64_t bytes = 0;       // bytes read from the file
 
@@ -175,7 +181,7 @@ double TimeMemcpyOf(const std::vector<PutTensor>& tensors) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string ShapeString(const Dims& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
+std::string ShapeString(const Dims& dims) { return fmt::format("[{}]", fmt::join(dims, ",")); }
 
 // "host:0, host:1,host:2" -> the device names, spaces around each name dropped. InvalidArgument
 // for an empty list or an empty name.
@@ -239,6 +245,7 @@ Status OpenFiles(const PutOptions& options, std::optional<DType> requested, cons
     for (const TensorFileEntry& entry : file.tensors()) {
       PutTensor tensor;
       tensor.file = path;
+      tensor.file_number = files.size() + 1;
       tensor.entry = entry;
       tensor.bytes = entry.source->view().dense_size_bytes();
       const DType file_dtype = tensor.file_dtype();
@@ -276,7 +283,9 @@ Status StartTransfers(const PutTarget& target, const PutOptions& options,
       }
       const int64_t rank = tensor.entry.source->view().rank();
       std::vector<std::vector<std::string>> spec(rank);
-      if (options.shard_dim < rank) spec[options.shard_dim] = {"x"};  // else: replicated
+      const bool split = options.shard_dim < rank;
+      if (split) spec[options.shard_dim] = {"x"};
+      tensor.placement = split ? "sharded" : "replicated";
       FERRY_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(*target.mesh, spec));
       FERRY_ASSIGN_OR_RETURN(
           tensor.sharded, TransferShardsToDevice(tensor.entry.source, sharding, transfer_options));
@@ -326,7 +335,7 @@ void DescribeTransfers(std::vector<PutTensor>& tensors) {
                              : tensor.converted()        ? "converted"
                              : !view.IsNativeByteOrder() ? "byte-swapped"
                                                          : "direct";
-    tensor.path = tensor.sharded ? "sharded/" + kind : kind;
+    tensor.path = kind;
   }
 }
 
@@ -373,29 +382,64 @@ struct PutSummary {
   double vs_memcpy() const { return seconds > 0 ? memcpy_seconds / seconds : 0; }
 };
 
-// The table of tensors and the totals, laid out for `width` columns: long tensor names give way
-// first (shortened in the middle), then shapes; dtypes, paths and sizes stay whole (at 80 columns
-// they leave a name at least 12 characters); the totals wrap.
+// The table of tensors and the totals, laid out for `width` columns (RenderTensorTable: names
+// shortened apart, or whole on lines of their own; `wide`: whole names on long lines). The file
+// column (several files) gives each file's number, listed below the table; the placement column
+// (a mesh) says which tensors were split and which replicated; the dtype column gives the device
+// dtype after an arrow only where it differs from the file's (converted); the path column is
+// there when some tensor was aliased or byte-swapped. The totals wrap.
 std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget& target,
-                         const PutSummary& summary, int width) {
+                         const PutOptions& options, const PutSummary& summary, int width) {
   using Align = TextTable::Align;
-  TextTable table({{"tensor", Align::kLeft, 0, 12},
-                   {"shape", Align::kLeft, 1, 9},
-                   {"file -> device", Align::kLeft, -1},
-                   {"path", Align::kLeft, -1},
-                   {"size", Align::kRight, -1}});
+  const bool several_files = options.files.size() > 1;
+  const bool on_mesh = target.mesh.has_value();
+  // The path says more than the dtype column only where a tensor was aliased or byte-swapped
+  // ("converted" has its arrow, "direct" is the rest): shown then, else left to the JSON.
+  const bool show_path = std::any_of(tensors.begin(), tensors.end(), [](const PutTensor& tensor) {
+    return tensor.path == "aliased" || tensor.path == "byte-swapped";
+  });
+  std::vector<TextTable::Column> columns;
+  if (several_files) columns.push_back({"file", Align::kRight, -1});
+  columns.push_back({"shape", Align::kLeft, 0, 9});
+  columns.push_back({"dtype", Align::kLeft, -1});
+  if (on_mesh) columns.push_back({"placement", Align::kLeft, -1});
+  if (show_path) columns.push_back({"path", Align::kLeft, -1});
+  columns.push_back({"size", Align::kRight, -1});
+  std::vector<std::string> names;
+  std::vector<std::vector<std::string>> rows;
   for (const PutTensor& tensor : tensors) {
-    table.AddRow({Printable(tensor.entry.name), ShapeString(tensor.entry.source->view().dims),
-                  fmt::format("{} -> {}", DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()),
-                  tensor.path, FormatBytes(static_cast<double>(tensor.bytes))});
+    names.push_back(Printable(tensor.entry.name));
+    std::vector<std::string> row;
+    if (several_files) row.push_back(fmt::format("{}", tensor.file_number));
+    row.push_back(ShapeString(tensor.entry.source->view().dims));
+    row.push_back(DTypeCell(DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()));
+    if (on_mesh) row.push_back(tensor.placement);
+    if (show_path) row.push_back(tensor.path);
+    row.push_back(FormatBytes(static_cast<double>(tensor.bytes)));
+    rows.push_back(std::move(row));
   }
-  std::string out = table.Render(width);
-  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
+  std::string names_note;
+  std::string out = RenderTensorTable(names, columns, rows, width, options.wide, names_note);
+  const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
+  const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
+  if (!names_note.empty()) add(names_note);
+  if (several_files) {
+    for (size_t i = 0; i < options.files.size(); ++i) {
+      add(fmt::format("file {}: {}", i + 1, Printable(options.files[i])));
+    }
+  }
   add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
                   tensors.size(), tensors.size() == 1 ? "" : "s",
                   FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,
                   summary.gbps(), summary.vs_memcpy()));
-  add(fmt::format("on: {}", target.name));
+  if (on_mesh) {
+    add(
+        fmt::format("on: {} (a 1-d mesh: sharded = dim {} split over its {} devices, replicated "
+                    "= whole on each)",
+                    target.name, options.shard_dim, target.devices.size()));
+  } else {
+    add(fmt::format("on: {}", target.name));
+  }
   if (summary.verified) {
     add(summary.lossy.empty()
             ? std::string("verified: every tensor matches the file")
@@ -413,6 +457,7 @@ nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTenso
   nlohmann::json json;
   json["files"] = options.files;
   json["device"] = target.name;
+  if (target.mesh.has_value()) json["shard_dim"] = options.shard_dim;
   json["total_bytes"] = summary.total_bytes;
   json["seconds"] = summary.seconds;
   json["gbps"] = summary.gbps();
@@ -423,13 +468,16 @@ nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTenso
   json["lossy"] = summary.lossy;
   for (const PutTensor& tensor : tensors) {
     const HostView& view = tensor.entry.source->view();
-    nlohmann::json entry = {{"name", tensor.entry.name},
-                            {"file", tensor.file},
-                            {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
-                            {"file_dtype", DTypeName(view.dtype)},
-                            {"device_dtype", tensor.DeviceDTypeText()},
-                            {"path", tensor.path},
-                            {"bytes", tensor.bytes}};
+    nlohmann::json entry = {
+        {"name", tensor.entry.name},
+        {"file", tensor.file},
+        {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
+        {"file_dtype", DTypeName(view.dtype)},
+        {"device_dtype", tensor.DeviceDTypeText()},
+        {"path", tensor.path},
+        {"placement", tensor.placement.empty() ? "single_device" : tensor.placement},
+        {"bytes", tensor.bytes}};
+    if (tensor.placement == "sharded") entry["shard_dim"] = options.shard_dim;
     if (tensor.sharded) {
       std::vector<std::string> shard_dtypes;
       for (const DataPtr& shard : tensor.sharded->shards()) {
@@ -465,6 +513,7 @@ int RunPut(const PutOptions& options) {
     job.drop_page_cache = options.drop_page_cache;
     job.only = options.only;
     job.exclude = options.exclude;
+    job.wide = options.wide;
     return RunPutOverAllDevices(job);
   }
   auto semantics = ParseSemantics(options.semantics);
@@ -527,7 +576,7 @@ int RunPut(const PutOptions& options) {
   const bool json_to_stdout = options.json_path == "-";
   std::FILE* report_stream = json_to_stdout ? stderr : stdout;
   fmt::print(report_stream, "{}",
-             FormatReport(tensors, *target, summary, OutputWidth(fileno(report_stream))));
+             FormatReport(tensors, *target, options, summary, OutputWidth(fileno(report_stream))));
   if (!options.json_path.empty()) {
     const Status written =
         WriteJson(SummaryJson(options, tensors, *target, summary), options.json_path);
@@ -589,6 +638,9 @@ CommandRunner AddPutCommand(CLI::App& app) {
                    "Leave out the tensors whose names match this glob pattern (after --only); "
                    "repeatable. Matching nothing is fine; excluding every tensor is an error")
       ->allow_extra_args(false);
+  command->add_flag("--wide", options->wide,
+                    "Whole tensor names in the table, however long its lines (by default names "
+                    "are shortened to fit the terminal, each kept distinct)");
   command->add_flag("--drop-page-cache", options->drop_page_cache,
                     "With --mesh all: drop the files from the page cache first (posix_fadvise), "
                     "so that the bytes read and made resident are measured from a cold cache");

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -20,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/process_usage.h"
+#include "tools/ferry/tensor_table.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
@@ -66,7 +68,8 @@ uint64_t ShardChecksum(const HostTensor& dense, const ShardIndex& index, const D
 
 struct Tensor {
   std::string file;
-  TensorFileEntry entry;  // its source is released before the isolated-read measurement
+  size_t file_number = 1;  // its file's position on the command line, from 1
+  TensorFileEntry entry;   // its source is released before the isolated-read measurement
   Dims dims;
   DType file_dtype = DType::kF32;
   DType device_dtype = DType::kF32;
@@ -183,6 +186,9 @@ struct JobSummary {
   int shard_dim = 0;
   size_t devices = 0;
   int processes = 1;
+  // Every device of the mesh by its name in the job (GlobalDevices::NameOf: "p1/host:0" with
+  // several processes), in mesh order.
+  std::vector<std::string> device_names;
   int64_t total_bytes = 0;
   int64_t resident_after = 0;
   double seconds = 0;  // the slowest rank's
@@ -204,32 +210,50 @@ std::string ShortBytes(int64_t bytes) {
   return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
 }
 
-// The job's report for `width` columns, laid out like the one-process put (TextTable,
-// WrapToString): the tensors (long names, then shapes, give way), a row per rank (numbers stay
-// whole: nine columns fit 80), then the totals and the verify verdicts (a line for every tensor
-// that does not match), each on lines of their own.
+// The job's report for `width` columns, laid out like the one-process put (RenderTensorTable,
+// WrapToString): the tensors (names shortened apart, or whole on lines of their own; a file
+// column when there are several files; where each tensor went), a row per rank (numbers stay
+// whole: nine columns fit 80), then the devices by their names in the job, the totals and the
+// verify verdicts (a line for every tensor that does not match), each on lines of their own.
 std::string FormatJobReport(const std::vector<Tensor>& tensors,
                             const std::vector<Verdict>& verdicts, const JobSummary& job,
-                            int width) {
+                            const DistributedPutOptions& options, int width) {
   using Align = TextTable::Align;
-  TextTable table({{"tensor", Align::kLeft, 0, 12},
-                   {"shape", Align::kLeft, 1, 9},
-                   {"file -> device", Align::kLeft, -1},
-                   {"layout", Align::kLeft, -1},
-                   {"size", Align::kRight, -1}});
+  const bool several_files = options.files.size() > 1;
+  std::vector<TextTable::Column> columns;
+  if (several_files) columns.push_back({"file", Align::kRight, -1});
+  columns.push_back({"shape", Align::kLeft, 0, 9});
+  columns.push_back({"dtype", Align::kLeft, -1});
+  columns.push_back({"placement", Align::kLeft, -1});
+  columns.push_back({"size", Align::kRight, -1});
   const auto dtypes = [](const Tensor& tensor) {
     return fmt::format("{} -> {}", DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype));
   };
+  std::vector<std::string> names;
+  std::vector<std::vector<std::string>> rows;
   for (const Tensor& tensor : tensors) {
-    table.AddRow({Printable(tensor.entry.name), fmt::format("[{}]", fmt::join(tensor.dims, ",")),
-                  dtypes(tensor), tensor.split ? "split" : "repl",
-                  FormatBytes(static_cast<double>(TensorBytes(tensor)))});
+    names.push_back(Printable(tensor.entry.name));
+    std::vector<std::string> row;
+    if (several_files) row.push_back(fmt::format("{}", tensor.file_number));
+    row.push_back(fmt::format("[{}]", fmt::join(tensor.dims, ",")));
+    row.push_back(DTypeCell(DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype)));
+    row.push_back(tensor.split ? "sharded" : "replicated");
+    row.push_back(FormatBytes(static_cast<double>(TensorBytes(tensor))));
+    rows.push_back(std::move(row));
   }
-  std::string out = table.Render(width);
-  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
+  std::string names_note;
+  std::string out = RenderTensorTable(names, columns, rows, width, options.wide, names_note);
+  const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
+  const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
+  if (!names_note.empty()) add(names_note);
+  if (several_files) {
+    for (size_t i = 0; i < options.files.size(); ++i) {
+      add(fmt::format("file {}: {}", i + 1, Printable(options.files[i])));
+    }
+  }
   add(
-      fmt::format("split: dim {} over the {} devices of the mesh, each rank reading only its own "
-                  "shards; repl: replicated on every device (tensors of rank {} or less)",
+      fmt::format("sharded: dim {} split over the {} devices of the mesh, each rank reading only "
+                  "its own shards; replicated: whole on every device (tensors of rank {} or less)",
                   job.shard_dim, job.devices, job.shard_dim));
   out += "\n";
 
@@ -254,12 +278,13 @@ std::string FormatJobReport(const std::vector<Tensor>& tensors,
                   fmt::format("{:.3f}", seconds),
                   fmt::format("{:.2f}", seconds > 0 ? shard_bytes / seconds / 1e9 : 0.0)});
   }
-  out += ranks.Render(width);
+  out += ranks.Render(text_width);
   add("read: from storage during the put (a page shared by ranks counts once, for whoever read it "
       "first); alone: what the rank reads with no other rank running (--drop-page-cache); anon "
       "peak, file peak: its resident memory at its largest during the put, anonymous (heap, "
       "device buffers) and file-backed (mapped pages of the file, read by it or by another rank, "
       "and of the libraries)");
+  add(fmt::format("devices: {}", fmt::join(job.device_names, ", ")));
   add(fmt::format("total: {} tensor{}, {} on {} device{} of {} process{}", tensors.size(),
                   tensors.size() == 1 ? "" : "s", FormatBytes(static_cast<double>(job.total_bytes)),
                   job.devices, job.devices == 1 ? "" : "s", job.processes,
@@ -341,11 +366,17 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   if (Status agreed = agree(local, "starting the devices"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
-  const std::string plan =
-      fmt::format("files [{}], backend {}, --shard-dim {}, --device-dtype '{}'{}, --semantics {}{}",
-                  fmt::join(options.files, ", "), options.backend, options.shard_dim,
-                  options.device_dtype, options.device_dtype_all ? " (all)" : "", options.semantics,
-                  options.verify ? ", --verify" : "");
+  // One field a line (AgreeOnValue names the first that differs).
+  std::string plan;
+  for (size_t i = 0; i < options.files.size(); ++i) {
+    plan += fmt::format("file {}: {}\n", i + 1, Printable(options.files[i]));
+  }
+  plan += fmt::format(
+      "backend: {}\n--shard-dim: {}\n--device-dtype: {}\n--device-dtype-all: {}\n"
+      "--semantics: {}\n--verify: {}\n--only: {}\n--exclude: {}",
+      options.backend, options.shard_dim, options.device_dtype.empty() ? "-" : options.device_dtype,
+      options.device_dtype_all, options.semantics, options.verify, fmt::join(options.only, " "),
+      fmt::join(options.exclude, " "));
   if (Status agreed = distributed::AgreeOnValue(group, plan, "the command line"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
@@ -367,7 +398,8 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   // Open (map) every file; a file that one rank cannot open stops every rank.
   std::vector<TensorFile> files;
   std::vector<Tensor> tensors;
-  std::string layout;  // every tensor's name, dtype and shape: the same files on every rank
+  // A line per tensor, "name: dtype [dims]": the same files on every rank.
+  std::string layout;
   TensorSelector selector({}, options.only, options.exclude);
   TensorFileOptions open_options;
   if (!selector.empty()) open_options.selector = &selector;
@@ -380,6 +412,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     for (const TensorFileEntry& entry : file->tensors()) {
       Tensor tensor;
       tensor.file = path;
+      tensor.file_number = files.size() + 1;
       tensor.entry = entry;
       const HostView& view = entry.source->view();
       tensor.dims = view.dims;
@@ -396,8 +429,8 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
       }
       tensor.device_dtype = *dtype;
       tensor.split = options.shard_dim < view.rank();
-      layout +=
-          fmt::format("{} {} [{}]; ", entry.name, DTypeName(view.dtype), fmt::join(view.dims, ","));
+      layout += fmt::format("{}: {} [{}]\n", Printable(entry.name), DTypeName(view.dtype),
+                            fmt::join(view.dims, ","));
       tensors.push_back(std::move(tensor));
     }
     files.push_back(*std::move(file));
@@ -548,6 +581,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     job.shard_dim = options.shard_dim;
     job.devices = mesh_devices.size();
     job.processes = group.size();
+    for (const Device* device : mesh_devices) job.device_names.push_back((*global)->NameOf(device));
     job.total_bytes = total_bytes;
     job.resident_after = resident;
     job.ranks = nlohmann::json::array();
@@ -555,12 +589,13 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
       job.ranks.push_back(nlohmann::json::parse(text));
       job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
     }
-    fmt::print("{}", FormatJobReport(tensors, verdicts, job, OutputWidth(STDOUT_FILENO)));
+    fmt::print("{}", FormatJobReport(tensors, verdicts, job, options, OutputWidth(STDOUT_FILENO)));
     std::fflush(stdout);
     if (!options.json_path.empty()) {
       nlohmann::json json = {{"files", options.files},
                              {"processes", group.size()},
                              {"devices", mesh_devices.size()},
+                             {"device_names", job.device_names},
                              {"shard_dim", options.shard_dim},
                              {"total_bytes", total_bytes},
                              {"seconds", job.seconds},
@@ -569,7 +604,26 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
                              {"dropped_page_cache", options.drop_page_cache},
                              {"verified", options.verify},
                              {"verified_exact", options.verify && verified_exact},
-                             {"ranks", job.ranks}};
+                             {"ranks", job.ranks},
+                             {"tensors", nlohmann::json::array()}};
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        const Tensor& tensor = tensors[t];
+        nlohmann::json entry = {
+            {"name", tensor.entry.name},
+            {"file", tensor.file},
+            {"shape", std::vector<int64_t>(tensor.dims.begin(), tensor.dims.end())},
+            {"file_dtype", DTypeName(tensor.file_dtype)},
+            {"device_dtype", DTypeName(tensor.device_dtype)},
+            {"placement", tensor.split ? "sharded" : "replicated"},
+            {"bytes", TensorBytes(tensor)}};
+        if (tensor.split) entry["shard_dim"] = options.shard_dim;
+        if (options.verify) {
+          entry["verified"] = verdicts[t] == Verdict::kMatch   ? "match"
+                              : verdicts[t] == Verdict::kLossy ? "lossy"
+                                                               : "mismatch";
+        }
+        json["tensors"].push_back(std::move(entry));
+      }
       if (Status written = WriteJson(json, options.json_path); !written.ok()) {
         return ReportError(kCommand, written);
       }
