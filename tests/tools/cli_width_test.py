@@ -160,6 +160,18 @@ with tempfile.TemporaryDirectory() as work:
                       t["placement"] == ("sharded" if len(t["shape"]) > dim else "replicated")
                       for t, row in zip(tensors, rows)), out)
 
+    # Names that no shortening keeps apart (they differ only inside one long word): each whole name
+    # on a line of its own (wrapped at 80 columns), its row below it.
+    alike = ["block.0." + "q" * 70 + "left.weight", "block.0." + "q" * 70 + "right.weight"]
+    alike_file = os.path.join(work, "alike.safetensors")
+    write_safetensors(alike_file, alike)
+    rc, out = run_in_terminal(["put", alike_file], 80)
+    check("put of names alike exits 0", rc == 0, out)
+    lines = check_fits("put of names alike", out, 80)
+    joined = "".join(lines)
+    check("names alike: each shown whole (on lines of their own)",
+          all(name in joined for name in alike) and lines.count("tensor") == 1, out)
+
     # --wide: whole names, however long the lines.
     rc, out = run_in_terminal(["put", sample, named, "--wide"], 80)
     check("put --wide exits 0", rc == 0, out)

@@ -190,7 +190,8 @@ std::string RenderTensorTable(const std::vector<std::string>& names,
   std::string out = "tensor\n";
   out += std::string(kIndent, ' ') + std::string(lines[0]) + "\n";
   for (size_t r = 0; r < names.size(); ++r) {
-    out += WrapToString(names[r], width, kIndent) + "\n";
+    // Continued at the margin (rows are indented), so that its lines joined are the name.
+    out += WrapToString(names[r], width, 0) + "\n";
     out += std::string(kIndent, ' ') + std::string(lines[r + 1]) + "\n";
   }
   return out;

@@ -39,7 +39,7 @@ std::optional<ShortNames> ShortenNames(const std::vector<std::string>& names, in
 // - `wide`: whole names, the lines as long as they must be;
 // - else, when ShortenNames gives distinct names for the room the other columns leave (at least
 //   `kMinimumNameWidth`): one line per tensor;
-// - else every whole name on a line of its own (wrapped), its row indented below it.
+// - else every whole name on lines of its own (wrapped at the margin), its row indented below.
 // Each line ends in '\n'. `note` receives a line to print after the table when names were
 // shortened (what was left out, and that --wide shows whole names), else is cleared.
 inline constexpr int kMinimumNameWidth = 12;
