@@ -22,60 +22,14 @@
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
 #include "tools/ferry/put_distributed.h"
-#include "tools/ferry/tensor_table.h"
+#include "tools/ferry/put_report.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
 namespace {
-
-struct PutOptions {
-  std::vector<std::string> files;
-  std::string device = "host:0";
-  std::optional<std::string> mesh;  // unset: one device (--device)
-  int shard_dim = 0;
-  std::string device_dtype;
-  bool device_dtype_all = false;  // apply --device-dtype to every tensor, not only its kind
-  bool strict = false;            // a --device-dtype that applies to no tensor is an error
-  std::string semantics = "async";
-  bool verify = false;
-  std::string json_path;
-  bool drop_page_cache = false;      // --mesh all: see DistributedPutOptions
-  std::vector<std::string> only;     // --only: glob patterns of the tensors to put (all if none)
-  std::vector<std::string> exclude;  // --exclude: glob patterns of tensors to leave out
-  bool wide = false;                 // --wide: whole tensor names, lines as long as they must be
-};
-
-// One tensor of one file, and where it went.
-struct PutTensor {
-  std::string file;
-  size_t file_number = 1;  // its file's position on the command line, from 1
-  TensorFileEntry entry;
-  // The device dtype asked for this tensor: --device-dtype where it applies, else nullopt (each
-  // device's profile decides, shard by shard on a mesh mixing backends, as device_put does).
-  std::optional<DType> requested_dtype;
-  // The device dtype it is stored as. On a mesh whose devices chose differently: the first
-  // shard's, and `mixed_dtypes` lists them all ("float32/float64").
-  DType device_dtype = DType::kF32;
-  std::string mixed_dtypes;
-  std::string path;  // aliased / direct / converted / byte-swapped
-  // On a mesh: "sharded" (dim --shard-dim split over the devices) or "replicated" (whole on each
-  // device: a tensor of rank --shard-dim or less); empty on one device.
-  std::string placement;
-  DataPtr data;            // unsharded
-  ShardedDataPtr sharded;  // sharded over the mesh
-  int64_t bytes = 0;       // bytes read from the file
-
-  DType file_dtype() const { return entry.source->view().dtype; }
-  // Whether any copy of it on a device holds another dtype than the file.
-  bool converted() const { return device_dtype != file_dtype() || !mixed_dtypes.empty(); }
-  std::string DeviceDTypeText() const {
-    return mixed_dtypes.empty() ? std::string(DTypeName(device_dtype)) : mixed_dtypes;
-  }
-};
 
 StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
   if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
@@ -181,8 +135,6 @@ double TimeMemcpyOf(const std::vector<PutTensor>& tensors) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string ShapeString(const Dims& dims) { return fmt::format("[{}]", fmt::join(dims, ",")); }
-
 // "host:0, host:1,host:2" -> the device names, spaces around each name dropped. InvalidArgument
 // for an empty list or an empty name.
 StatusOr<std::vector<std::string>> ParseMeshList(std::string_view mesh) {
@@ -199,14 +151,6 @@ StatusOr<std::vector<std::string>> ParseMeshList(std::string_view mesh) {
   }
   return names;
 }
-
-// Where the tensors go: one device, or a 1-d mesh (axis "x") sharding dim --shard-dim.
-struct PutTarget {
-  Device* device = nullptr;      // the device, or the mesh's first device
-  std::vector<Device*> devices;  // every device the tensors go to
-  std::optional<Mesh> mesh;
-  std::string name;  // for the totals and the JSON: the device or the mesh as given
-};
 
 StatusOr<PutTarget> ResolveTarget(const PutOptions& options, DeviceSet& device_set) {
   PutTarget target;
@@ -368,126 +312,6 @@ Status VerifyAll(const std::vector<PutTensor>& tensors, int64_t total_bytes,
   }
   verify_progress.Finish();
   return OkStatus();
-}
-
-// The results of one `put`, for the table, the totals and the JSON.
-struct PutSummary {
-  int64_t total_bytes = 0;
-  double seconds = 0;
-  double memcpy_seconds = 0;
-  bool verified = false;
-  std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
-
-  double gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
-  double vs_memcpy() const { return seconds > 0 ? memcpy_seconds / seconds : 0; }
-};
-
-// The table of tensors and the totals, laid out for `width` columns (RenderTensorTable: names
-// shortened apart, or whole on lines of their own; `wide`: whole names on long lines). The file
-// column (several files) gives each file's number, listed below the table; the placement column
-// (a mesh) says which tensors were split and which replicated; the dtype column gives the device
-// dtype after an arrow only where it differs from the file's (converted); the path column is
-// there when some tensor was aliased or byte-swapped. The totals wrap.
-std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget& target,
-                         const PutOptions& options, const PutSummary& summary, int width) {
-  using Align = TextTable::Align;
-  const bool several_files = options.files.size() > 1;
-  const bool on_mesh = target.mesh.has_value();
-  // The path says more than the dtype column only where a tensor was aliased or byte-swapped
-  // ("converted" has its arrow, "direct" is the rest): shown then, else left to the JSON.
-  const bool show_path = std::any_of(tensors.begin(), tensors.end(), [](const PutTensor& tensor) {
-    return tensor.path == "aliased" || tensor.path == "byte-swapped";
-  });
-  std::vector<TextTable::Column> columns;
-  if (several_files) columns.push_back({"file", Align::kRight, -1});
-  columns.push_back({"shape", Align::kLeft, 0, 9});
-  columns.push_back({"dtype", Align::kLeft, -1});
-  if (on_mesh) columns.push_back({"placement", Align::kLeft, -1});
-  if (show_path) columns.push_back({"path", Align::kLeft, -1});
-  columns.push_back({"size", Align::kRight, -1});
-  std::vector<std::string> names;
-  std::vector<std::vector<std::string>> rows;
-  for (const PutTensor& tensor : tensors) {
-    names.push_back(Printable(tensor.entry.name));
-    std::vector<std::string> row;
-    if (several_files) row.push_back(fmt::format("{}", tensor.file_number));
-    row.push_back(ShapeString(tensor.entry.source->view().dims));
-    row.push_back(DTypeCell(DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()));
-    if (on_mesh) row.push_back(tensor.placement);
-    if (show_path) row.push_back(tensor.path);
-    row.push_back(FormatBytes(static_cast<double>(tensor.bytes)));
-    rows.push_back(std::move(row));
-  }
-  std::string names_note;
-  std::string out = RenderTensorTable(names, columns, rows, width, options.wide, names_note);
-  const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
-  const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
-  if (!names_note.empty()) add(names_note);
-  if (several_files) {
-    for (size_t i = 0; i < options.files.size(); ++i) {
-      add(fmt::format("file {}: {}", i + 1, Printable(options.files[i])));
-    }
-  }
-  add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
-                  tensors.size(), tensors.size() == 1 ? "" : "s",
-                  FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,
-                  summary.gbps(), summary.vs_memcpy()));
-  if (on_mesh) {
-    add(
-        fmt::format("on: {} (a 1-d mesh: sharded = dim {} split over its {} devices, replicated "
-                    "= whole on each)",
-                    target.name, options.shard_dim, target.devices.size()));
-  } else {
-    add(fmt::format("on: {}", target.name));
-  }
-  if (summary.verified) {
-    add(summary.lossy.empty()
-            ? std::string("verified: every tensor matches the file")
-            : fmt::format("verified: {} of {} tensors match the file exactly, {} differ by the "
-                          "requested conversion",
-                          tensors.size() - summary.lossy.size(), tensors.size(),
-                          summary.lossy.size()));
-  }
-  for (const std::string& line : summary.lossy) add("lossy conversion: " + line);
-  return out;
-}
-
-nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTensor>& tensors,
-                           const PutTarget& target, const PutSummary& summary) {
-  nlohmann::json json;
-  json["files"] = options.files;
-  json["device"] = target.name;
-  if (target.mesh.has_value()) json["shard_dim"] = options.shard_dim;
-  json["total_bytes"] = summary.total_bytes;
-  json["seconds"] = summary.seconds;
-  json["gbps"] = summary.gbps();
-  json["memcpy_seconds"] = summary.memcpy_seconds;
-  json["vs_memcpy"] = summary.vs_memcpy();
-  json["verified"] = summary.verified;
-  json["verified_exact"] = summary.verified && summary.lossy.empty();
-  json["lossy"] = summary.lossy;
-  for (const PutTensor& tensor : tensors) {
-    const HostView& view = tensor.entry.source->view();
-    nlohmann::json entry = {
-        {"name", tensor.entry.name},
-        {"file", tensor.file},
-        {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
-        {"file_dtype", DTypeName(view.dtype)},
-        {"device_dtype", tensor.DeviceDTypeText()},
-        {"path", tensor.path},
-        {"placement", tensor.placement.empty() ? "single_device" : tensor.placement},
-        {"bytes", tensor.bytes}};
-    if (tensor.placement == "sharded") entry["shard_dim"] = options.shard_dim;
-    if (tensor.sharded) {
-      std::vector<std::string> shard_dtypes;
-      for (const DataPtr& shard : tensor.sharded->shards()) {
-        shard_dtypes.emplace_back(DTypeName(shard->device_dtype()));
-      }
-      entry["shard_device_dtypes"] = shard_dtypes;
-    }
-    json["tensors"].push_back(std::move(entry));
-  }
-  return json;
 }
 
 int RunPut(const PutOptions& options) {
