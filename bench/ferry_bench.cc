@@ -49,6 +49,7 @@
 #include "nlohmann/json.hpp"
 #include "peer_session.h"
 #include "pjrt_paths.h"
+#include "tools/ferry/text_layout.h"
 #include "transfer_cases.h"
 #include "transfer_paths.h"
 
@@ -77,6 +78,64 @@ std::string FormatSeconds(double seconds) {
   if (seconds >= 1) return fmt::format("{:.3f}s", seconds);
   if (seconds >= 1e-3) return fmt::format("{:.2f}ms", seconds * 1e3);
   return fmt::format("{:.1f}us", seconds * 1e6);
+}
+
+// The width the table and the text around it fit (ferry's own layout: the terminal's, or 80 into
+// a pipe or a file, or $COLUMNS).
+int OutputWidth() {
+  static const int width = cli::OutputWidth(STDOUT_FILENO);
+  return width;
+}
+
+// A row of the table: the case and its numbers in 79 columns (the columns' titles are
+// kTableHeader's). What does not fit, the heap peaks and the notes, follows on lines of its own.
+constexpr std::string_view kRowFormat = "{:<25} {:>9} {:>8} {:>6} {:>9} {:>7} {:>9}";
+
+// `notes` ("a; b; c") on lines indented by two, each line at most OutputWidth() wide and broken
+// between notes where it can (a note longer than a line wraps on its own). Each line ends in '\n';
+// nothing for no notes.
+std::string NoteLines(std::string_view notes) {
+  constexpr int kIndent = 2;
+  const int room = OutputWidth() - kIndent;
+  std::vector<std::string> lines;
+  std::string line;
+  size_t position = 0;
+  while (position < notes.size()) {
+    size_t end = notes.find("; ", position);
+    if (end == std::string_view::npos) end = notes.size();
+    const std::string_view note = notes.substr(position, end - position);
+    position = std::min(notes.size(), end + 2);
+    if (note.empty()) continue;
+    if (!line.empty() && static_cast<int>(line.size() + 2 + note.size()) > room) {
+      lines.push_back(line + ";");
+      line.clear();
+    }
+    if (!line.empty()) line += "; ";
+    line += note;
+  }
+  if (!line.empty()) lines.push_back(line);
+  std::string out;
+  for (const std::string& each : lines) {
+    for (const std::string& piece : cli::WrapText(each, room, kIndent)) {
+      out += std::string(kIndent, ' ') + piece + "\n";
+    }
+  }
+  return out;
+}
+
+// `text` wrapped to OutputWidth(), continuation lines indented by two, ending in '\n'.
+std::string Wrapped(std::string_view text) { return cli::WrapToString(text, OutputWidth()) + "\n"; }
+
+// "<name padded to the case column> <text>", the text wrapped beside the case column.
+std::string CaseLine(std::string_view name, std::string_view text) {
+  constexpr int kCaseColumn = 26;
+  std::string out;
+  const std::vector<std::string> lines =
+      cli::WrapText(text, std::max(20, OutputWidth() - kCaseColumn), 0);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    out += fmt::format("{:<{}}{}\n", i == 0 ? name : std::string_view(), kCaseColumn, lines[i]);
+  }
+  return out;
 }
 
 // How busy the CPUs were with other processes' work since construction: all the CPU time of the
@@ -589,12 +648,17 @@ std::string CaseRow(const CaseDefinition& definition, const PreparedCase& prepar
     staged_peak_text =
         HeapAccountingEnabled() ? FormatBytes(static_cast<double>(times.staged_peak)) : "n/a";
   }
-  return fmt::format(
-      "{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>9.2f}x {:>10} {:>11} {:>11}  {}", definition.name,
-      FormatBytes(static_cast<double>(prepared.bytes)), FormatSeconds(seconds), summary.gbps,
-      summary.memcpy_median / seconds, summary.copy_peak / seconds, vs_staged,
+  std::string all_notes = fmt::format(
+      "peak extra {}, staged peak {}",
       HeapAccountingEnabled() ? FormatBytes(static_cast<double>(times.ferry_peak)) : "n/a",
-      staged_peak_text, notes);
+      staged_peak_text);
+  AddNote(all_notes, notes);
+  std::string row = fmt::format(fmt::runtime(kRowFormat), definition.name,
+                                FormatBytes(static_cast<double>(prepared.bytes)),
+                                FormatSeconds(seconds), fmt::format("{:.2f}", summary.gbps),
+                                fmt::format("{:.2f}x", summary.memcpy_median / seconds),
+                                fmt::format("{:.2f}x", summary.copy_peak / seconds), vs_staged);
+  return row + "\n" + NoteLines(all_notes);
 }
 
 CaseResult SkippedCase(const CaseDefinition& definition, const std::string& reason) {
@@ -602,7 +666,7 @@ CaseResult SkippedCase(const CaseDefinition& definition, const std::string& reas
   skipped.skipped = true;
   skipped.json["case"] = definition.name;
   skipped.json["skipped"] = reason;
-  skipped.row = fmt::format("{:<25} skipped: {}", definition.name, reason);
+  skipped.row = CaseLine(definition.name, "skipped: " + reason);
   return skipped;
 }
 
@@ -717,25 +781,29 @@ StatusOr<Json> RunPythonCases(const std::string& python, double scale, int repea
       fmt::format("--size {} --repeats {} --device '{}'", scale, repeats, device));
 }
 
+// A Python case's row of the table (kRowFormat; the columns it has no number for are "-"), its
+// other numbers on lines of their own below.
 std::string FormatPythonRow(const Json& row) {
   const std::string name = row["case"].get<std::string>();
   const double seconds = row["seconds_median"].get<double>();
-  if (name == "py_put_small") {
-    return fmt::format(
-        "{:<25} {:>10} {:>10} {:>8.2f}  {:.0f} calls/s ({:.2f} us per call); batched list: {:.0f} "
-        "tensors/s",
-        name, FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
-        row["gbps"].get<double>(), row["calls_per_second"].get<double>(),
-        row["seconds_per_call"].get<double>() * 1e6,
-        row["batched_tensors_per_second"].get<double>());
+  const bool small = name == "py_put_small";
+  std::string line = fmt::format(
+      fmt::runtime(kRowFormat), name, FormatBytes(row["bytes"].get<double>()),
+      FormatSeconds(seconds), fmt::format("{:.2f}", row["gbps"].get<double>()),
+      small ? std::string("-") : fmt::format("{:.2f}x", row["vs_memcpy"].get<double>()), "-", "-");
+  if (small) {
+    return line + "\n" +
+           NoteLines(fmt::format("{:.0f} calls/s ({:.2f} us per call); batched list: {:.0f} "
+                                 "tensors/s",
+                                 row["calls_per_second"].get<double>(),
+                                 row["seconds_per_call"].get<double>() * 1e6,
+                                 row["batched_tensors_per_second"].get<double>()));
   }
-  return fmt::format("{:<25} {:>10} {:>10} {:>8.2f} {:>9.2f}x {:>10}  {}", name,
-                     FormatBytes(row["bytes"].get<double>()), FormatSeconds(seconds),
-                     row["gbps"].get<double>(), row["vs_memcpy"].get<double>(), "-",
-                     row.contains("vs_cpp_h2d_contiguous")
-                         ? fmt::format("{:.2f}x the C++ h2d_contiguous case",
-                                       row["vs_cpp_h2d_contiguous"].get<double>())
-                         : std::string("(run h2d_contiguous too to compare with C++)"));
+  return line + "\n" +
+         NoteLines(row.contains("vs_cpp_h2d_contiguous")
+                       ? fmt::format("{:.2f}x the C++ h2d_contiguous case",
+                                     row["vs_cpp_h2d_contiguous"].get<double>())
+                       : std::string("(run h2d_contiguous too to compare with C++)"));
 }
 
 // The command line of ferry-bench.
@@ -774,12 +842,14 @@ void AddBenchOptions(CLI::App& app, BenchOptions& options) {
   app.add_option("--workers", options.workers,
                  "Worker threads of the backend (default: the backend's)");
   app.add_flag("--list", options.list, "List the cases and exit");
+  // Help that fits the terminal, as the ferry command's.
+  app.formatter(std::make_shared<cli::WrappingHelpFormatter>());
 }
 
 // A command line ferry-bench cannot run is InvalidArgument (exit status 2); a failure to start is
 // any other code (exit status 1). The message follows "ferry-bench: ".
 int ReportSetupError(const Status& status) {
-  fmt::print(stderr, "ferry-bench: {}\n", std::string(status.message()));
+  fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: {}", std::string(status.message()))));
   return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
@@ -868,36 +938,36 @@ StatusOr<BenchDevice> OpenBenchDevice(const std::string& device_name, std::optio
 // The lines above the table: the machine, the settings, the peers, and the column titles.
 void PrintPreamble(const Json& machine, const Device& device, const BenchOptions& options,
                    const std::string& peers_python) {
-  fmt::print(
-      "ferry-bench on {} ({} cores), device {}; size x{}, median of {} runs after 1 "
-      "warm-up\n",
-      machine["cpu_model"].get<std::string>(), machine["cores"].get<unsigned>(), device.name(),
-      options.scale, options.repeats);
-  fmt::print(
-      "h2d semantics: {} (the source is fully read when the call returns); GB/s = bytes "
-      "read / time / 1e9\n",
-      HostBufferSemanticsName(kBenchSemantics));
+  fmt::print("{}", Wrapped(fmt::format(
+                       "ferry-bench on {} ({} cores), device {}; size x{}, median of {} runs after "
+                       "1 warm-up",
+                       machine["cpu_model"].get<std::string>(), machine["cores"].get<unsigned>(),
+                       device.name(), options.scale, options.repeats)));
+  fmt::print("{}", Wrapped(fmt::format("h2d semantics: {} (the source is fully read when the call "
+                                       "returns); GB/s = bytes read / time / 1e9",
+                                       HostBufferSemanticsName(kBenchSemantics))));
   if (machine.contains("cpu_busy_percent_before") &&
       machine["cpu_busy_percent_before"].get<double>() > 10) {
-    fmt::print(
-        "note: the CPUs were {:.0f}% busy before the start: other work on this machine "
-        "may skew the times\n",
-        machine["cpu_busy_percent_before"].get<double>());
+    fmt::print("{}", Wrapped(fmt::format("note: the CPUs were {:.0f}% busy before the start: other "
+                                         "work on this machine may skew the times",
+                                         machine["cpu_busy_percent_before"].get<double>())));
   }
   if (options.peers) {
-    fmt::print(
-        "peers: torch, jax and numpy ({} bench/peers.py) timed turn by turn with ferry's runs\n",
-        peers_python);
+    fmt::print("{}", Wrapped(fmt::format("peers: torch, jax and numpy ({} bench/peers.py) timed "
+                                         "turn by turn with ferry's runs",
+                                         peers_python)));
     // On a pjrt device, jax puts onto the same plugin (jax.device_put to a registered plugin).
     const std::string jax_plugin = PjrtPluginPathOf(&device);
-    if (!jax_plugin.empty()) fmt::print("peers: jax puts onto the plugin {}\n", jax_plugin);
+    if (!jax_plugin.empty()) {
+      fmt::print("{}", Wrapped(fmt::format("peers: jax puts onto the plugin {}", jax_plugin)));
+    }
   }
 }
 
 void PrintTableHeader() {
-  fmt::print("{:<25} {:>10} {:>10} {:>8} {:>10} {:>10} {:>10} {:>11} {:>11}  {}\n", "case", "bytes",
-             "median", "GB/s", "vs memcpy", "vs peak", "vs staged", "peak extra", "staged peak",
-             "notes");
+  fmt::print("{}\n", fmt::format(fmt::runtime(kRowFormat), "case", "bytes", "median", "GB/s",
+                                 "vs memcpy", "vs peak", "vs staged"));
+  fmt::print("  then: peak extra, staged peak; notes\n");
   std::fflush(stdout);
 }
 
@@ -922,17 +992,17 @@ CaseRows RunCases(absl::Span<const CaseDefinition* const> selected, const CaseCo
                 with_peers ? peer_session : nullptr);
     if (result.ok() && result->peers_failure.has_value()) {
       rows.peers_failed = true;
-      fmt::print("peers FAILED: {}\n", *result->peers_failure);
+      fmt::print("{}", Wrapped(fmt::format("peers FAILED: {}", *result->peers_failure)));
     }
     if (result.ok() && !result->peers_versions.is_null()) {
       rows.peers_versions = result->peers_versions;
     }
     if (!result.ok()) {
       ++rows.failures;
-      fmt::print("{:<25} FAILED: {}\n", definition->name, result.status().ToString());
+      fmt::print("{}", CaseLine(definition->name, "FAILED: " + result.status().ToString()));
       rows.results.push_back({{"case", definition->name}, {"error", result.status().ToString()}});
     } else {
-      fmt::print("{}\n", result->row);
+      fmt::print("{}", result->row);
       if (!result->skipped && std::string_view(definition->name) == "raw_clwrite") {
         raw_clwrite_seconds_per_byte =
             result->json["seconds_median"].get<double>() / result->json["bytes"].get<double>();
@@ -952,7 +1022,8 @@ void RunPythonRows(const std::string& python, const BenchOptions& options, const
       RunPythonCases(python, options.scale, options.repeats, device.name());
   if (!python_rows.ok()) {
     ++rows.failures;
-    fmt::print("python cases FAILED: {}\n", python_rows.status().ToString());
+    fmt::print("{}",
+               Wrapped(fmt::format("python cases FAILED: {}", python_rows.status().ToString())));
     return;
   }
   // The Python layer against the C++ case it wraps, from this same run.
@@ -966,7 +1037,7 @@ void RunPythonRows(const std::string& python, const BenchOptions& options, const
     if (row["case"] == "py_put_large" && cpp_large.has_value()) {
       row["vs_cpp_h2d_contiguous"] = *cpp_large / row["seconds_median"].get<double>();
     }
-    fmt::print("{}\n", FormatPythonRow(row));
+    fmt::print("{}", FormatPythonRow(row));
     row["device"] = device.name();
     rows.results.push_back(std::move(row));
   }
@@ -1005,8 +1076,9 @@ int RunBench(int argc, char** argv) {
 
   const std::vector<CaseDefinition> cases = AllCases();
   if (options.list) {
+    // Each case's description wrapped beside its name.
     for (const CaseDefinition& definition : cases) {
-      fmt::print("{:<25} {}\n", definition.name, definition.description);
+      fmt::print("{}", CaseLine(definition.name, definition.description));
     }
     return 0;
   }

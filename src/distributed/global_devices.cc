@@ -76,6 +76,12 @@ int GlobalDevices::ProcessIndexOf(const Device* device) const {
   return id < 0 ? -1 : process_of_[static_cast<size_t>(id)];
 }
 
+std::string GlobalDevices::NameOf(const Device* device) const {
+  const int process = ProcessIndexOf(device);
+  if (process < 0) return "";
+  return process_count_ == 1 ? device->name() : fmt::format("p{}/{}", process, device->name());
+}
+
 int64_t GlobalDevices::GlobalIdOf(const Device* device) const {
   for (size_t id = 0; id < devices_.size(); ++id) {
     if (devices_[id] == device) return static_cast<int64_t>(id);

@@ -2,10 +2,14 @@
 // on AllGather).
 #include "ferry/distributed/process_group.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
+#include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "ferry/core/mutex.h"
 #include "ferry/core/settings.h"
 #include "fmt/format.h"
@@ -50,6 +54,112 @@ Status Decode(std::string_view bytes) {
     return absl::UnknownError(fmt::format("a malformed status from a peer: '{}'", bytes));
   }
   return Status(static_cast<absl::StatusCode>(code), std::string(bytes.substr(newline + 1)));
+}
+
+bool IsUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// The lines of a value (a value without '\n' is one line).
+std::vector<std::string_view> Lines(std::string_view value) {
+  std::vector<std::string_view> lines;
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(value.data(), value.size()), '\n')) {
+    lines.emplace_back(line.data(), line.size());
+  }
+  return lines;
+}
+
+// "name" of a line "name: value", else "".
+std::string_view FieldName(std::string_view line) {
+  const size_t colon = line.find(": ");
+  return colon == std::string_view::npos ? std::string_view() : line.substr(0, colon);
+}
+
+// `text` cut to at most kExcerptWidth bytes around byte `at`, the same cut for every text that
+// is equal up to `at` (so that excerpts of two values line up): a "..." where text was left out.
+// Returns the excerpt and the column of `at` in it.
+constexpr size_t kExcerptWidth = 64;
+constexpr size_t kContextBefore = 24;
+std::pair<std::string, size_t> Excerpt(std::string_view text, size_t at) {
+  // From the start while that shows the difference with some text after it.
+  size_t begin = at + kContextBefore + 3 > kExcerptWidth ? at - kContextBefore : 0;
+  // Never from inside a UTF-8 sequence (the same bytes in both values: the same begin).
+  while (begin > 0 && IsUtf8Continuation(text[begin])) --begin;
+  std::string out = begin > 0 ? "..." : "";
+  const size_t column = out.size() + (at - begin);
+  size_t end = std::min(text.size(), begin + kExcerptWidth - out.size());
+  if (end < text.size()) {
+    end -= std::min<size_t>(3, end - begin);
+    while (end > begin && end < text.size() && IsUtf8Continuation(text[end])) --end;
+  }
+  out += text.substr(begin, end - begin);
+  if (end < text.size()) out += "...";
+  return {out, column};
+}
+
+// The message of AgreeOnValue: which ranks differ from rank 0, the first field (a value's line
+// "name: ...") or character where the first of them does, and both values around it, on lines
+// that fit 80 columns:
+//   the command line differs between ranks 0 and 1
+//   (ranks 2, 3 differ from rank 0 too)        <- only when they do
+//   first in --shard-dim:
+//     rank 0: 0
+//     rank 1: 1
+//             ^
+std::string DescribeDifference(std::string_view what, const std::vector<std::string>& all,
+                               const std::vector<int>& differing) {
+  const int first = differing.front();
+  std::string message = fmt::format("{} differs between ranks 0 and {}", what, first);
+  if (differing.size() > 1) {
+    constexpr size_t kListed = 8;
+    std::vector<int> others(differing.begin() + 1,
+                            differing.begin() + std::min(differing.size(), kListed + 1));
+    message += fmt::format("\n(rank{} {}{} differ{} from rank 0 too)", others.size() > 1 ? "s" : "",
+                           fmt::join(others, ", "),
+                           differing.size() > kListed + 1
+                               ? fmt::format(" and {} more", differing.size() - kListed - 1)
+                               : "",
+                           differing.size() > 2 ? "" : "s");
+  }
+  const std::vector<std::string_view> ours = Lines(all[0]);
+  const std::vector<std::string_view> theirs = Lines(all[static_cast<size_t>(first)]);
+  size_t line = 0;
+  while (line < ours.size() && line < theirs.size() && ours[line] == theirs[line]) ++line;
+  std::string_view a = line < ours.size() ? ours[line] : std::string_view();
+  std::string_view b = line < theirs.size() ? theirs[line] : std::string_view();
+  // A named field whose name both ranks give: named, and only the values compared.
+  const std::string_view name = FieldName(a);
+  const bool named = !name.empty() && FieldName(b) == name;
+  if (named) {
+    a.remove_prefix(name.size() + 2);
+    b.remove_prefix(name.size() + 2);
+    // A long name keeps its ends (a tensor's name says most there), cut between characters.
+    constexpr size_t kNameWidth = 68;
+    std::string shown(name);
+    if (name.size() > kNameWidth) {
+      size_t head = kNameWidth / 2 - 2;
+      size_t tail = name.size() - (kNameWidth / 2 - 1);
+      while (head > 0 && IsUtf8Continuation(name[head])) --head;
+      while (tail < name.size() && IsUtf8Continuation(name[tail])) ++tail;
+      shown = fmt::format("{}...{}", name.substr(0, head), name.substr(tail));
+    }
+    message += fmt::format("\nfirst in {}:", shown);
+  }
+  size_t at = 0;
+  while (at < a.size() && at < b.size() && a[at] == b[at]) ++at;
+  if (!named) {
+    message += ours.size() > 1 || theirs.size() > 1
+                   ? fmt::format("\nfirst on line {}, at character {}:", line + 1, at + 1)
+                   : fmt::format("\nfirst at character {}:", at + 1);
+  }
+  const std::string label_0 = "  rank 0: ";
+  const std::string label_r = fmt::format("  rank {}: ", first);
+  const size_t label_width = std::max(label_0.size(), label_r.size());
+  const auto [excerpt_a, column] = Excerpt(a, at);
+  const std::string excerpt_b = Excerpt(b, at).first;
+  message += fmt::format("\n{:<{}}{}", label_0, label_width, excerpt_a);
+  message += fmt::format("\n{:<{}}{}", label_r, label_width, excerpt_b);
+  message += "\n" + std::string(label_width + column, ' ') + "^";
+  return message;
 }
 
 }  // namespace
@@ -129,15 +239,12 @@ Status AgreeOnStatus(ProcessGroup& group, const Status& local, std::string_view 
 
 Status AgreeOnValue(ProcessGroup& group, std::string_view local, std::string_view what) {
   FERRY_ASSIGN_OR_RETURN(std::vector<std::string> all, group.AllGather(local, what));
+  std::vector<int> differing;
   for (size_t rank = 1; rank < all.size(); ++rank) {
-    if (all[rank] != all[0]) {
-      return InvalidArgumentError(
-          fmt::format("{} differs between ranks: rank 0 has '{}', rank {} "
-                      "has '{}'",
-                      what, all[0], rank, all[rank]));
-    }
+    if (all[rank] != all[0]) differing.push_back(static_cast<int>(rank));
   }
-  return OkStatus();
+  if (differing.empty()) return OkStatus();
+  return InvalidArgumentError(DescribeDifference(what, all, differing));
 }
 
 StatusOr<std::vector<uint64_t>> AllReduceSum(ProcessGroup& group,

@@ -128,12 +128,110 @@ TEST(ProcessGroup, AValueThatDiffersBetweenRanksIsAnErrorOnEveryRank) {
     EXPECT_TRUE(differs.ok());
   } else {
     EXPECT_EQ(differs.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(std::string(differs.message())
-                  .find("the mesh differs between ranks: rank 0 has "
-                        "'mesh 4x2', rank 1 has 'mesh 2x4'"),
+    EXPECT_EQ(std::string(differs.message()).substr(0, 38),
+              "the mesh differs between ranks 0 and 1")
+        << differs;
+    EXPECT_NE(std::string(differs.message()).find("\nfirst at character 6:\n"), std::string::npos)
+        << differs;
+    EXPECT_NE(std::string(differs.message()).find("\n  rank 0: mesh 4x2\n  rank 1: mesh 2x4\n"),
               std::string::npos)
         << differs;
   }
+}
+
+// A process group of `values.size()` ranks in this one process, seen from rank 0: its AllGather
+// returns `values` (rank 0's own value is what the caller passes, checked against values[0]).
+class FakeGroup final : public ProcessGroup {
+ public:
+  explicit FakeGroup(std::vector<std::string> values) : values_(std::move(values)) {}
+  std::string_view engine() const override { return "fake"; }
+  int rank() const override { return 0; }
+  int size() const override { return static_cast<int>(values_.size()); }
+  Status Barrier(std::string_view) override { return OkStatus(); }
+  StatusOr<std::vector<std::string>> AllGather(std::string_view local, std::string_view) override {
+    EXPECT_EQ(local, values_[0]);
+    return values_;
+  }
+
+ private:
+  std::vector<std::string> values_;
+};
+
+std::vector<std::string> MessageLines(const Status& status) {
+  std::vector<std::string> lines;
+  std::string message(status.message());
+  for (size_t begin = 0; begin <= message.size();) {
+    const size_t end = std::min(message.find('\n', begin), message.size());
+    lines.push_back(message.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return lines;
+}
+
+// Issue 28: a plan of many tensors that differed in one field gave one line of thousands of
+// characters holding both plans. The message names the field and the ranks, and stays short.
+TEST(AgreeOnValue, NamesTheFirstFieldThatDiffersAndTheRanksOnShortLines) {
+  std::string plan;
+  for (int t = 0; t < 200; ++t) {
+    plan +=
+        fmt::format("model.layers.{}.mlp.up_proj.weight: float32 [4096,1024] devices [0,1]\n", t);
+  }
+  std::string other = plan;
+  const std::string field = "model.layers.117.mlp.up_proj.weight";
+  const size_t at = other.find(field + ": float32 [4096,1024] devices [0,1]");
+  ASSERT_NE(at, std::string::npos);
+  other.replace(other.find("[0,1]", at), 5, "[1,0]");
+  FakeGroup group({plan, plan, other, plan, other});
+  const Status differs = distributed::AgreeOnValue(group, plan, "the tensors and their shardings");
+  ASSERT_EQ(differs.code(), absl::StatusCode::kInvalidArgument) << differs;
+  const std::vector<std::string> lines = MessageLines(differs);
+  ASSERT_EQ(lines.size(), 6u) << differs;
+  EXPECT_EQ(lines[0], "the tensors and their shardings differs between ranks 0 and 2");
+  EXPECT_EQ(lines[1], "(rank 4 differs from rank 0 too)");
+  EXPECT_EQ(lines[2], "first in " + field + ":");
+  EXPECT_EQ(lines[3], "  rank 0: float32 [4096,1024] devices [0,1]");
+  EXPECT_EQ(lines[4], "  rank 2: float32 [4096,1024] devices [1,0]");
+  EXPECT_EQ(lines[5], std::string(lines[3].find("[0,1]") + 1, ' ') + "^");
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 80u) << line;
+  EXPECT_LT(differs.message().size(), 400u);
+}
+
+TEST(AgreeOnValue, ALongLineIsCutAroundItsFirstDifference) {
+  // One line of 5000 characters (no fields): the excerpt around the difference, under 80 columns.
+  std::string ours(5000, 'a');
+  for (size_t i = 0; i < ours.size(); i += 7) ours[i] = static_cast<char>('b' + i % 20);
+  std::string theirs = ours;
+  theirs[2345] = '#';
+  FakeGroup group({ours, theirs});
+  const Status differs = distributed::AgreeOnValue(group, ours, "the plan");
+  ASSERT_FALSE(differs.ok());
+  const std::vector<std::string> lines = MessageLines(differs);
+  ASSERT_EQ(lines.size(), 5u) << differs;
+  EXPECT_EQ(lines[0], "the plan differs between ranks 0 and 1");
+  EXPECT_EQ(lines[1], "first at character 2346:");
+  for (const std::string& line : lines) EXPECT_LE(line.size(), 80u) << line;
+  const size_t caret = lines[4].find('^');
+  ASSERT_NE(caret, std::string::npos);
+  EXPECT_EQ(lines[2][caret], ours[2345]);
+  EXPECT_EQ(lines[3][caret], '#');
+  EXPECT_EQ(lines[2].substr(10, caret - 10), lines[3].substr(10, caret - 10));
+  EXPECT_NE(lines[2].find("..."), std::string::npos);
+  // The same bytes either side of the difference as the values hold.
+  EXPECT_NE(ours.find(lines[2].substr(13, caret - 13)), std::string::npos);
+}
+
+TEST(AgreeOnValue, ValuesOfDifferentLengthAndManyRanks) {
+  std::vector<std::string> values(20, "x: 1");
+  for (int rank = 3; rank < 20; rank += 1) values[static_cast<size_t>(rank)] = "x: 1\ny: 2";
+  FakeGroup group(values);
+  const Status differs = distributed::AgreeOnValue(group, values[0], "what");
+  const std::vector<std::string> lines = MessageLines(differs);
+  ASSERT_EQ(lines.size(), 6u) << differs;
+  EXPECT_EQ(lines[0], "what differs between ranks 0 and 3");
+  EXPECT_EQ(lines[1], "(ranks 4, 5, 6, 7, 8, 9, 10, 11 and 8 more differ from rank 0 too)");
+  EXPECT_EQ(lines[2], "first on line 2, at character 1:");
+  EXPECT_EQ(lines[3], "  rank 0: ");
+  EXPECT_EQ(lines[4], "  rank 3: y: 2");
 }
 
 TEST(ProcessGroup, AllReduceSumAddsEveryRanksValues) {
@@ -203,6 +301,38 @@ TEST(GlobalDevices, ListEveryProcessesDevicesInProcessOrder) {
   }
   const auto local = HostClient().devices();
   EXPECT_EQ(global->local_devices(), std::vector<Device*>(local.begin(), local.end()));
+}
+
+// Issue 28: every process names its devices from 0, so in a job of several processes a device's
+// name in the job carries its process; in a job of one it is the device's own name.
+TEST(GlobalDevices, NamesInAJobCarryTheirProcess) {
+  auto global = Global();
+  for (Device* device : global->devices()) {
+    EXPECT_EQ(global->NameOf(device),
+              Group().size() == 1
+                  ? device->name()
+                  : fmt::format("p{}/{}", global->ProcessIndexOf(device), device->name()));
+  }
+  EXPECT_EQ(global->NameOf(nullptr), "");
+  // Two processes (a fake group: rank 1 lists the same devices as this one).
+  class Capture final : public ProcessGroup {
+   public:
+    std::string_view engine() const override { return "fake"; }
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    Status Barrier(std::string_view) override { return OkStatus(); }
+    StatusOr<std::vector<std::string>> AllGather(std::string_view local,
+                                                 std::string_view) override {
+      return std::vector<std::string>{std::string(local), std::string(local)};
+    }
+  } two_processes;
+  auto job = GlobalDevices::Gather(two_processes, "host", HostClient().devices());
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::string> names;
+  for (Device* device : (*job)->devices()) names.push_back((*job)->NameOf(device));
+  EXPECT_EQ(names, (std::vector<std::string>{"p0/host:0", "p0/host:1", "p1/host:0", "p1/host:1"}));
+  // Device::name() itself is unchanged: the API's own names stay the client's.
+  EXPECT_EQ((*job)->devices()[2]->name(), "host:0");
 }
 
 // Every dtype, uneven shapes, a 1-d mesh over every device of every process: each process holds

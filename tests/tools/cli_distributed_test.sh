@@ -60,6 +60,10 @@ for n in 2 4; do
     fits "-n $n dim $dim: the report fits 80 columns" 80 "$work/out"
   done
   expect_output "-n $n: json per rank" "\"rank\": $((n - 1))" "$work/$n.json"
+  # Issue 28: every process names its devices from 0; in the job a device carries its process.
+  expect_output "-n $n: devices named with their process" "^devices: p0/host:0, p0/host:1, p1/host:0" "$work/out" 1
+  expect_output "-n $n: json names the devices" "\"p$((n - 1))/host:1\"" "$work/$n.json"
+  expect_output "-n $n: json gives each tensor's placement" '"placement": "replicated"' "$work/$n.json"
 done
 # The benchmark's measurement (bench/distributed_put.py), tiny: a cold page cache, per-rank reads.
 check "--drop-page-cache --json" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" --mesh all \
@@ -99,7 +103,26 @@ expect_output "every rank says rank 1 failed" "rank 1 of 2 failed during opening
 # Arguments that differ between ranks (the mesh a rank would build): refused on every rank.
 check "--shard-dim differs between ranks" nonzero "$mpiexec" -n 2 sh -c \
   "exec $ferry put $work/s.safetensors --mesh all --shard-dim \$PMI_RANK"
-expect_output "every rank names the difference" "the command line differs between ranks" "$work/err" 2
+expect_output "every rank names the difference" "the command line differs between ranks 0 and 1" "$work/err" 2
+# Issue 28: the field that differs is named and both values shown, on lines of 80 columns at most.
+expect_output "every rank names the field" "^first in --shard-dim:$" "$work/err" 2
+expect_output "rank 1's value shown" "^  rank 1: 1$" "$work/err" 2
+fits "the error fits 80 columns" 80 "$work/err"
+# Tensors that differ between the ranks' files: the first tensor that differs is named.
+python3 - "$work" <<'PY'
+import json, struct, sys
+for rank, shape in ((0, [2, 2]), (1, [4, 1])):
+    header = json.dumps({"a.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "b.weight": {"dtype": "F32", "shape": shape, "data_offsets": [8, 24]}})
+    header = header.encode() + b" " * (-len(header) % 8)
+    with open(f"{sys.argv[1]}/r{rank}/t.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + struct.pack("<6f", *range(6)))
+PY
+check "the files' tensors differ between ranks" nonzero "$mpiexec" -n 2 sh -c \
+  "cd $work/r\$PMI_RANK && exec $ferry put t.safetensors --mesh all"
+expect_output "every rank names the tensor" "^first in b.weight:$" "$work/err" 2
+expect_output "with both shapes" "^  rank 1: float32 \[4,1\]$" "$work/err" 2
+fits "that error fits 80 columns" 80 "$work/err"
 
 # A rank that never starts MPI (it exits at once, or runs `ferry devices`, which needs no MPI):
 # MPI_Init_thread waits for it forever, so start-up has the collective deadline too. Every rank

@@ -20,6 +20,10 @@ check() {  # check DESCRIPTION EXPECTED_RC COMMAND...
     echo "ok: $description"; passes=$((passes + 1))
   fi
 }
+expect_no_output() {  # expect_no_output DESCRIPTION PATTERN FILE
+  if grep -q -- "$2" "$3"; then echo "FAIL: $1: '$2' in $3"; cat "$3"; failures=$((failures + 1))
+  else echo "ok: $1"; passes=$((passes + 1)); fi
+}
 expect_output() {  # expect_output DESCRIPTION PATTERN FILE
   if grep -q -- "$2" "$3"; then echo "ok: $1"; passes=$((passes + 1)); else
     echo "FAIL: $1: '$2' not in $3"; cat "$3"; failures=$((failures + 1)); fi
@@ -74,14 +78,15 @@ check "...and an error with --strict" 1 "$ferry" put "$work/s.safetensors" \
 check "devices with a missing --pjrt-plugin is bad input" 1 "$ferry" --pjrt-plugin \
   "$work/no_such_plugin.so" devices
 expect_output "the plugin is named" "pjrt-plugin $work/no_such_plugin.so" "$work/err"
-check "put converted" 0 "$ferry" put "$work/s.safetensors" --device-dtype float32 --verify
+check "put converted" 0 "$ferry" put "$work/s.safetensors" --device-dtype float32 --verify \
+  --json "$work/converted.json"
 expect_output "converted path in table" "bfloat16 -> float32" "$work/out"
-expect_output "converted label" "converted" "$work/out"
+expect_output "converted path in the JSON" '"path": "converted"' "$work/converted.json"
 # A requested device dtype applies to the tensors of its kind; --verify compares with the file.
 check "sample float32" 0 "$ferry" sample "$work/f32.safetensors" --size 3MiB --dtype float32
 check "put bfloat16 --verify" 0 "$ferry" put "$work/f32.safetensors" --device-dtype bfloat16 \
   --verify --json "$work/lossy.json"
-expect_output "integer ids keep their dtype" "position_ids .*int64 -> int64 " "$work/out"
+expect_output "integer ids keep their dtype (no arrow)" "position_ids .*\] *int64  *[0-9]" "$work/out"
 expect_output "weights converted" "lm_head.weight .*float32 -> bfloat16" "$work/out"
 expect_output "lossy conversion named with its error" \
   "lossy conversion: lm_head.weight (float32 -> bfloat16): [0-9]* of 65536 elements" \
@@ -103,7 +108,7 @@ printf '%s' "$f8_header" >>"$work/f8.safetensors"
 printf '\x38\x40\xb8\x00\x00\x00\x80\x3f\x00\x00\x00\x40' >>"$work/f8.safetensors"
 check "put an FP8 file with --device-dtype bfloat16" 0 "$ferry" put "$work/f8.safetensors" \
   --device-dtype bfloat16 --verify
-expect_output "float8 stays float8" "w8 .*float8_e4m3fn -> float8_e4m3fn" "$work/out"
+expect_output "float8 stays float8 (no arrow)" "w8 .*float8_e4m3fn  *[0-9]" "$work/out"
 expect_output "float32 converted beside it" "w32 .*float32 -> bfloat16" "$work/out"
 check "--device-dtype-all still asks float8 to convert" 1 "$ferry" put "$work/f8.safetensors" \
   --device-dtype bfloat16 --device-dtype-all
@@ -122,8 +127,28 @@ else echo "FAIL: a file truncated during put: exit $rc"; cat "$work/err"; failur
 check "put zero_copy aliases" 0 "$ferry" put "$work/s.npy" --semantics zero_copy --verify
 expect_output "aliased label" "aliased" "$work/out"
 check "put sharded" 0 env FERRY_HOST_DEVICES=4 "$ferry" put "$work/s.safetensors" \
-  --mesh host:0,host:1,host:2,host:3 --shard-dim 0 --verify
-expect_output "sharded label" "sharded/direct" "$work/out"
+  --mesh host:0,host:1,host:2,host:3 --shard-dim 0 --verify --json "$work/sharded.json"
+expect_output "sharded placement" "^lm_head.weight .* sharded " "$work/out"
+expect_output "sharded placement in the JSON" '"placement": "sharded"' "$work/sharded.json"
+expect_no_output "no tensor is replicated along dim 0" " replicated  *[0-9]" "$work/out"
+# --shard-dim 1: the rank-1 tensors (norms) are replicated, and the table says so (issue 28: they
+# were labelled sharded/direct).
+check "put --shard-dim 1" 0 env FERRY_HOST_DEVICES=2 "$ferry" put "$work/s.safetensors" \
+  --mesh host:0,host:1 --shard-dim 1 --verify --json "$work/dim1.json"
+expect_output "a norm is replicated" "^model.norm.weight .* replicated " "$work/out"
+expect_output "a matrix is sharded" "^lm_head.weight .* sharded " "$work/out"
+if python3 - "$work/dim1.json" <<'PY'
+import json, sys
+tensors = json.load(open(sys.argv[1]))["tensors"]
+for t in tensors:
+    want = "sharded" if len(t["shape"]) > 1 else "replicated"
+    assert t["placement"] == want, t
+    assert ("shard_dim" in t) == (want == "sharded"), t
+    assert t["path"] in ("direct", "aliased", "converted", "byte-swapped"), t
+assert {t["placement"] for t in tensors} == {"sharded", "replicated"}
+PY
+then echo "ok: JSON placement matches each tensor's rank"; passes=$((passes + 1))
+else echo "FAIL: JSON placement"; cat "$work/dim1.json"; failures=$((failures + 1)); fi
 
 check "a missing file is bad input" 1 "$ferry" put "$work/missing.safetensors"
 expect_output "missing file named" "missing.safetensors" "$work/err"
@@ -138,10 +163,6 @@ check "a bad setting is bad input" 1 env FERRY_HOST_MEMORY_CACHE_BYTES=abc "$fer
 expect_output "the bad setting is named" \
   'ferry: FERRY_HOST_MEMORY_CACHE_BYTES="abc": not a byte count (an integer >= 0)' "$work/err"
 
-expect_no_output() {  # expect_no_output DESCRIPTION PATTERN FILE
-  if grep -q -- "$2" "$3"; then echo "FAIL: $1: '$2' in $3"; cat "$3"; failures=$((failures + 1))
-  else echo "ok: $1"; passes=$((passes + 1)); fi
-}
 
 # --version, and a mistyped command named with the ones that exist.
 check "--version exits 0" 0 "$ferry" --version

@@ -20,14 +20,15 @@ ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 LONG_NAME = "model.encoder.layers.17.attention.self_attention_block.query_key_value_projection.weight"
 
 
-def run_in_terminal(args, columns, env=None):
-    """Runs FERRY args with stdin/stdout/stderr on a pty of `columns`; returns (rc, output)."""
+def run_in_terminal(args, columns, env=None, program=None):
+    """Runs FERRY (or `program`) args with stdin/stdout/stderr on a pty of `columns`; returns
+    (rc, output)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     child_env = dict(os.environ)
     child_env.pop("COLUMNS", None)
     child_env.update(env or {})
-    process = subprocess.Popen([FERRY] + args, stdin=slave, stdout=slave, stderr=slave,
+    process = subprocess.Popen([program or FERRY] + args, stdin=slave, stdout=slave, stderr=slave,
                                env=child_env, close_fds=True)
     os.close(slave)
     chunks = []
@@ -65,6 +66,20 @@ def write_safetensors(path, names):
 failures = []
 
 
+def table_rows(lines):
+    """The put table's header and the first word of each row (the tensor names as shown): the rows
+    run from the header ("tensor ...") to the first line that is not a row."""
+    start = next((i for i, line in enumerate(lines) if line.startswith("tensor ")), None)
+    if start is None:
+        return "", []
+    names = []
+    for line in lines[start + 1:]:
+        if not line or line.startswith(("tensor names ", "file ", "total: ")):
+            break
+        names.append(line.split()[0])
+    return lines[start], names
+
+
 def check(description, condition, detail=""):
     print(("ok: " if condition else "FAIL: ") + description)
     if not condition:
@@ -96,9 +111,72 @@ with tempfile.TemporaryDirectory() as work:
     check("put exits 0", rc == 0, out)
     lines = check_fits("put --verify (progress bars, table, totals)", out, 80)
     check("put drew its progress bar", "put [" in out, out)
-    check("the long name is shortened in the middle at 80 columns",
-          any(line.startswith("model.encoder.") and "..." in line and "weight" in line
+    check("the long name is shortened at 80 columns, keeping its layer number and its end",
+          any(re.match(r"^\S*\.17\.\S*weight ", line) and not line.startswith(LONG_NAME)
               for line in lines), out)
+
+    # Issue 28: the put table of the sample at 80 columns, on one device and on meshes (with and
+    # without a conversion: the widest dtype column), of one file and of two: every name distinct,
+    # each keeping the numbers of the whole name, the placement truthful, a file column for two.
+    json_path = os.path.join(work, "put.json")
+    cases = [
+        ("one device", [sample], {}),
+        ("two files", [sample, named], {}),
+        ("mesh --shard-dim 1", [sample, "--mesh", "host:0,host:1", "--shard-dim", "1"],
+         {"FERRY_HOST_DEVICES": "2"}),
+        ("mesh converted", [sample, "--mesh", "host:0,host:1", "--shard-dim", "1",
+                            "--device-dtype", "float32"], {"FERRY_HOST_DEVICES": "2"}),
+        ("mesh of two files converted", [sample, named, "--mesh", "host:0,host:1,host:2",
+                                         "--device-dtype", "float64"], {"FERRY_HOST_DEVICES": "3"}),
+    ]
+    for description, args, env in cases:
+        rc, out = run_in_terminal(["put"] + args + ["--json", json_path], 80, env)
+        check(f"put ({description}) exits 0", rc == 0, out)
+        lines = check_fits(f"put ({description})", out, 80)
+        with open(json_path) as f:
+            tensors = json.load(f)["tensors"]
+        header, names = table_rows(lines)
+        check(f"put ({description}): one row per tensor", len(names) == len(tensors),
+              f"{len(names)} rows, {len(tensors)} tensors\n" + out)
+        if len(names) != len(tensors):
+            continue
+        pairs = {(t["file"], shown) for t, shown in zip(tensors, names)}
+        check(f"put ({description}): tensor names distinct", len(pairs) == len(tensors), out)
+        check(f"put ({description}): each name keeps its numbers",
+              all(re.findall(r"\d+", t["name"]) == re.findall(r"\d+", shown)
+                  for t, shown in zip(tensors, names)), out)
+        several = len([a for a in args if a.endswith(".safetensors")]) > 1
+        check(f"put ({description}): a file column exactly when there are several files",
+              (" file " in header) == several, header)
+        if several:
+            check(f"put ({description}): the files listed by number",
+                  any(line == f"file 2: {named}" for line in lines), out)
+        if "--mesh" in args:
+            dim = int(args[args.index("--shard-dim") + 1]) if "--shard-dim" in args else 0
+            rows = [line for line in lines if line and line.split()[0] in names]
+            check(f"put ({description}): placement sharded exactly where the tensor has dim {dim}",
+                  all((" sharded " in row) == (len(t["shape"]) > dim) and
+                      (" replicated " in row) == (len(t["shape"]) <= dim) and
+                      t["placement"] == ("sharded" if len(t["shape"]) > dim else "replicated")
+                      for t, row in zip(tensors, rows)), out)
+
+    # Names that no shortening keeps apart (they differ only inside one long word): each whole name
+    # on a line of its own (wrapped at 80 columns), its row below it.
+    alike = ["block.0." + "q" * 70 + "left.weight", "block.0." + "q" * 70 + "right.weight"]
+    alike_file = os.path.join(work, "alike.safetensors")
+    write_safetensors(alike_file, alike)
+    rc, out = run_in_terminal(["put", alike_file], 80)
+    check("put of names alike exits 0", rc == 0, out)
+    lines = check_fits("put of names alike", out, 80)
+    joined = "".join(lines)
+    check("names alike: each shown whole (on lines of their own)",
+          all(name in joined for name in alike) and lines.count("tensor") == 1, out)
+
+    # --wide: whole names, however long the lines.
+    rc, out = run_in_terminal(["put", sample, named, "--wide"], 80)
+    check("put --wide exits 0", rc == 0, out)
+    check("put --wide shows the long name whole",
+          any(line.startswith(LONG_NAME + " ") for line in screen_lines(out)), out)
 
     rc, out = run_in_terminal(["put", sample, named, "--device-dtype", "bfloat16", "--verify"], 80)
     check("put converted exits 0", rc == 0, out)
@@ -117,6 +195,28 @@ with tempfile.TemporaryDirectory() as work:
         rc, out = run_in_terminal(args, 80)
         check(f"{' '.join(args)} exits 0", rc == 0, out)
         check_fits(" ".join(args), out, 80)
+
+    # The benchmark (`ferry bench` runs ferry-bench beside ferry): its help, its list of cases and
+    # a sample of its table (tiny sizes: only the layout is checked, never a time).
+    bench = os.path.join(os.path.dirname(FERRY), "ferry-bench")
+    if os.access(bench, os.X_OK):
+        for args in (["bench", "--help"], ["bench", "--list"]):
+            rc, out = run_in_terminal(args, 80)
+            check(f"{' '.join(args)} exits 0", rc == 0, out)
+            check_fits(" ".join(args), out, 80)
+        rc, out = run_in_terminal(["--help"], 80, program=bench)
+        check("ferry-bench --help exits 0", rc == 0, out)
+        check_fits("ferry-bench --help", out, 80)
+        cases = "h2d_contiguous,h2d_convert_f32_bf16,raw_clwrite"
+        rc, out = run_in_terminal(
+            ["bench", "--case", cases, "--size", "0.01", "--repeats", "5"], 80)
+        check("bench (a sample) exits 0", rc == 0, out)
+        lines = check_fits("bench table", out, 80)
+        check("bench printed its rows",
+              any(line.startswith("h2d_convert_f32_bf16 ") for line in lines) and
+              any(line.startswith("  peak extra ") for line in lines), out)
+    else:
+        print(f"skip: ferry bench: no ferry-bench beside {FERRY}")
 
     rc, out = run_in_terminal(["put", os.path.join(work, "missing" * 12 + ".safetensors")], 80)
     check("a missing file exits 1", rc == 1, out)

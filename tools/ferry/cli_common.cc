@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_split.h"
 #include "ferry/device/registry.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -22,10 +23,16 @@ namespace ferry::cli {
 int ReportError(std::string_view command, const Status& status) {
   const std::string line =
       fmt::format("ferry {}: error: {}", command, std::string(status.message()));
-  // On a terminal the message wraps to its width; into a pipe or a file it stays one line, for
-  // the programs that read it.
-  const bool terminal = isatty(STDERR_FILENO) == 1;
-  fmt::print(stderr, "{}\n", terminal ? WrapToString(line, OutputWidth(STDERR_FILENO)) : line);
+  // On a terminal each line of the message wraps to its width; into a pipe or a file it keeps
+  // its own lines (one, unless the message is laid out in lines), for the programs that read it.
+  if (isatty(STDERR_FILENO) != 1) {
+    fmt::print(stderr, "{}\n", line);
+    return kExitBadInput;
+  }
+  const int width = OutputWidth(STDERR_FILENO);
+  for (absl::string_view piece : absl::StrSplit(line, '\n')) {
+    fmt::print(stderr, "{}\n", WrapToString(std::string_view(piece.data(), piece.size()), width));
+  }
   return kExitBadInput;
 }
 

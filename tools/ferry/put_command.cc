@@ -22,54 +22,14 @@
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
-#include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/commands.h"
 #include "tools/ferry/put_distributed.h"
+#include "tools/ferry/put_report.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
 namespace {
-
-struct PutOptions {
-  std::vector<std::string> files;
-  std::string device = "host:0";
-  std::optional<std::string> mesh;  // unset: one device (--device)
-  int shard_dim = 0;
-  std::string device_dtype;
-  bool device_dtype_all = false;  // apply --device-dtype to every tensor, not only its kind
-  bool strict = false;            // a --device-dtype that applies to no tensor is an error
-  std::string semantics = "async";
-  bool verify = false;
-  std::string json_path;
-  bool drop_page_cache = false;      // --mesh all: see DistributedPutOptions
-  std::vector<std::string> only;     // --only: glob patterns of the tensors to put (all if none)
-  std::vector<std::string> exclude;  // --exclude: glob patterns of tensors to leave out
-};
-
-// One tensor of one file, and where it went.
-struct PutTensor {
-  std::string file;
-  TensorFileEntry entry;
-  // The device dtype asked for this tensor: --device-dtype where it applies, else nullopt (each
-  // device's profile decides, shard by shard on a mesh mixing backends, as device_put does).
-  std::optional<DType> requested_dtype;
-  // The device dtype it is stored as. On a mesh whose devices chose differently: the first
-  // shard's, and `mixed_dtypes` lists them all ("float32/float64").
-  DType device_dtype = DType::kF32;
-  std::string mixed_dtypes;
-  std::string path;  // aliased / direct / converted / byte-swapped (sharded: "sharded/" + path)
-  DataPtr data;      // unsharded
-  ShardedDataPtr sharded;  // sharded over the mesh
-  int64_t bytes = 0;       // bytes read from the file
-
-  DType file_dtype() const { return entry.source->view().dtype; }
-  // Whether any copy of it on a device holds another dtype than the file.
-  bool converted() const { return device_dtype != file_dtype() || !mixed_dtypes.empty(); }
-  std::string DeviceDTypeText() const {
-    return mixed_dtypes.empty() ? std::string(DTypeName(device_dtype)) : mixed_dtypes;
-  }
-};
 
 StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
   if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
@@ -175,8 +135,6 @@ double TimeMemcpyOf(const std::vector<PutTensor>& tensors) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::string ShapeString(const Dims& dims) { return fmt::format("[{}]", fmt::join(dims, ", ")); }
-
 // "host:0, host:1,host:2" -> the device names, spaces around each name dropped. InvalidArgument
 // for an empty list or an empty name.
 StatusOr<std::vector<std::string>> ParseMeshList(std::string_view mesh) {
@@ -193,14 +151,6 @@ StatusOr<std::vector<std::string>> ParseMeshList(std::string_view mesh) {
   }
   return names;
 }
-
-// Where the tensors go: one device, or a 1-d mesh (axis "x") sharding dim --shard-dim.
-struct PutTarget {
-  Device* device = nullptr;      // the device, or the mesh's first device
-  std::vector<Device*> devices;  // every device the tensors go to
-  std::optional<Mesh> mesh;
-  std::string name;  // for the totals and the JSON: the device or the mesh as given
-};
 
 StatusOr<PutTarget> ResolveTarget(const PutOptions& options, DeviceSet& device_set) {
   PutTarget target;
@@ -239,6 +189,7 @@ Status OpenFiles(const PutOptions& options, std::optional<DType> requested, cons
     for (const TensorFileEntry& entry : file.tensors()) {
       PutTensor tensor;
       tensor.file = path;
+      tensor.file_number = files.size() + 1;
       tensor.entry = entry;
       tensor.bytes = entry.source->view().dense_size_bytes();
       const DType file_dtype = tensor.file_dtype();
@@ -276,7 +227,9 @@ Status StartTransfers(const PutTarget& target, const PutOptions& options,
       }
       const int64_t rank = tensor.entry.source->view().rank();
       std::vector<std::vector<std::string>> spec(rank);
-      if (options.shard_dim < rank) spec[options.shard_dim] = {"x"};  // else: replicated
+      const bool split = options.shard_dim < rank;
+      if (split) spec[options.shard_dim] = {"x"};
+      tensor.placement = split ? "sharded" : "replicated";
       FERRY_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(*target.mesh, spec));
       FERRY_ASSIGN_OR_RETURN(
           tensor.sharded, TransferShardsToDevice(tensor.entry.source, sharding, transfer_options));
@@ -326,7 +279,7 @@ void DescribeTransfers(std::vector<PutTensor>& tensors) {
                              : tensor.converted()        ? "converted"
                              : !view.IsNativeByteOrder() ? "byte-swapped"
                                                          : "direct";
-    tensor.path = tensor.sharded ? "sharded/" + kind : kind;
+    tensor.path = kind;
   }
 }
 
@@ -361,87 +314,6 @@ Status VerifyAll(const std::vector<PutTensor>& tensors, int64_t total_bytes,
   return OkStatus();
 }
 
-// The results of one `put`, for the table, the totals and the JSON.
-struct PutSummary {
-  int64_t total_bytes = 0;
-  double seconds = 0;
-  double memcpy_seconds = 0;
-  bool verified = false;
-  std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
-
-  double gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
-  double vs_memcpy() const { return seconds > 0 ? memcpy_seconds / seconds : 0; }
-};
-
-// The table of tensors and the totals, laid out for `width` columns: long tensor names give way
-// first (shortened in the middle), then shapes; dtypes, paths and sizes stay whole (at 80 columns
-// they leave a name at least 12 characters); the totals wrap.
-std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget& target,
-                         const PutSummary& summary, int width) {
-  using Align = TextTable::Align;
-  TextTable table({{"tensor", Align::kLeft, 0, 12},
-                   {"shape", Align::kLeft, 1, 9},
-                   {"file -> device", Align::kLeft, -1},
-                   {"path", Align::kLeft, -1},
-                   {"size", Align::kRight, -1}});
-  for (const PutTensor& tensor : tensors) {
-    table.AddRow({Printable(tensor.entry.name), ShapeString(tensor.entry.source->view().dims),
-                  fmt::format("{} -> {}", DTypeName(tensor.file_dtype()), tensor.DeviceDTypeText()),
-                  tensor.path, FormatBytes(static_cast<double>(tensor.bytes))});
-  }
-  std::string out = table.Render(width);
-  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
-  add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
-                  tensors.size(), tensors.size() == 1 ? "" : "s",
-                  FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,
-                  summary.gbps(), summary.vs_memcpy()));
-  add(fmt::format("on: {}", target.name));
-  if (summary.verified) {
-    add(summary.lossy.empty()
-            ? std::string("verified: every tensor matches the file")
-            : fmt::format("verified: {} of {} tensors match the file exactly, {} differ by the "
-                          "requested conversion",
-                          tensors.size() - summary.lossy.size(), tensors.size(),
-                          summary.lossy.size()));
-  }
-  for (const std::string& line : summary.lossy) add("lossy conversion: " + line);
-  return out;
-}
-
-nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTensor>& tensors,
-                           const PutTarget& target, const PutSummary& summary) {
-  nlohmann::json json;
-  json["files"] = options.files;
-  json["device"] = target.name;
-  json["total_bytes"] = summary.total_bytes;
-  json["seconds"] = summary.seconds;
-  json["gbps"] = summary.gbps();
-  json["memcpy_seconds"] = summary.memcpy_seconds;
-  json["vs_memcpy"] = summary.vs_memcpy();
-  json["verified"] = summary.verified;
-  json["verified_exact"] = summary.verified && summary.lossy.empty();
-  json["lossy"] = summary.lossy;
-  for (const PutTensor& tensor : tensors) {
-    const HostView& view = tensor.entry.source->view();
-    nlohmann::json entry = {{"name", tensor.entry.name},
-                            {"file", tensor.file},
-                            {"shape", std::vector<int64_t>(view.dims.begin(), view.dims.end())},
-                            {"file_dtype", DTypeName(view.dtype)},
-                            {"device_dtype", tensor.DeviceDTypeText()},
-                            {"path", tensor.path},
-                            {"bytes", tensor.bytes}};
-    if (tensor.sharded) {
-      std::vector<std::string> shard_dtypes;
-      for (const DataPtr& shard : tensor.sharded->shards()) {
-        shard_dtypes.emplace_back(DTypeName(shard->device_dtype()));
-      }
-      entry["shard_device_dtypes"] = shard_dtypes;
-    }
-    json["tensors"].push_back(std::move(entry));
-  }
-  return json;
-}
-
 int RunPut(const PutOptions& options) {
   constexpr std::string_view kCommand = "put";
   // Every output path is checked before the put starts (not found wrong after it).
@@ -465,6 +337,7 @@ int RunPut(const PutOptions& options) {
     job.drop_page_cache = options.drop_page_cache;
     job.only = options.only;
     job.exclude = options.exclude;
+    job.wide = options.wide;
     return RunPutOverAllDevices(job);
   }
   auto semantics = ParseSemantics(options.semantics);
@@ -527,7 +400,7 @@ int RunPut(const PutOptions& options) {
   const bool json_to_stdout = options.json_path == "-";
   std::FILE* report_stream = json_to_stdout ? stderr : stdout;
   fmt::print(report_stream, "{}",
-             FormatReport(tensors, *target, summary, OutputWidth(fileno(report_stream))));
+             FormatReport(tensors, *target, options, summary, OutputWidth(fileno(report_stream))));
   if (!options.json_path.empty()) {
     const Status written =
         WriteJson(SummaryJson(options, tensors, *target, summary), options.json_path);
@@ -589,6 +462,9 @@ CommandRunner AddPutCommand(CLI::App& app) {
                    "Leave out the tensors whose names match this glob pattern (after --only); "
                    "repeatable. Matching nothing is fine; excluding every tensor is an error")
       ->allow_extra_args(false);
+  command->add_flag("--wide", options->wide,
+                    "Whole tensor names in the table, however long its lines (by default names "
+                    "are shortened to fit the terminal, each kept distinct)");
   command->add_flag("--drop-page-cache", options->drop_page_cache,
                     "With --mesh all: drop the files from the page cache first (posix_fadvise), "
                     "so that the bytes read and made resident are measured from a cold cache");

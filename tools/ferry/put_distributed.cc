@@ -20,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/ferry/cli_common.h"
 #include "tools/ferry/process_usage.h"
+#include "tools/ferry/put_distributed_report.h"
 #include "tools/ferry/text_layout.h"
 
 namespace ferry::cli {
@@ -64,41 +65,26 @@ uint64_t ShardChecksum(const HostTensor& dense, const ShardIndex& index, const D
   return sum;
 }
 
-struct Tensor {
-  std::string file;
-  TensorFileEntry entry;  // its source is released before the isolated-read measurement
-  Dims dims;
-  DType file_dtype = DType::kF32;
-  DType device_dtype = DType::kF32;
-  bool split = false;
-  ShardedDataPtr sharded;
-};
-
 // Split along `shard_dim` over the mesh axis "all", or replicated (a tensor of lower rank).
-std::vector<std::vector<std::string>> SpecFor(const Tensor& tensor, int shard_dim, int64_t rank) {
+std::vector<std::vector<std::string>> SpecFor(const JobTensor& tensor, int shard_dim,
+                                              int64_t rank) {
   std::vector<std::vector<std::string>> spec(static_cast<size_t>(rank));
   if (tensor.split) spec[static_cast<size_t>(shard_dim)] = {"all"};
   return spec;
 }
 
-int64_t TensorBytes(const Tensor& tensor) {
-  int64_t elements = 1;
-  for (int64_t dim : tensor.dims) elements *= dim;
-  return elements * GetDTypeInfo(tensor.file_dtype).size_bytes;
-}
-
-void AdviseShardReads(const Tensor& tensor, const Mesh& mesh, int shard_dim) {
+void AdviseShardReads(const JobTensor& tensor, const Mesh& mesh, int shard_dim) {
   const HostView& view = tensor.entry.source->view();
   auto sharding = Sharding::Create(mesh, SpecFor(tensor, shard_dim, view.rank()));
   if (sharding.ok()) AdviseExactShardReads(view, *sharding);  // else reported by the transfer
 }
 
 // Starts every tensor's sharded transfer (this process's shards only) and waits for them.
-Status SendShards(std::vector<Tensor>& tensors, const Mesh& mesh, int shard_dim,
+Status SendShards(std::vector<JobTensor>& tensors, const Mesh& mesh, int shard_dim,
                   HostBufferSemantics semantics) {
   TransferToDeviceOptions transfer_options;
   transfer_options.semantics = semantics;
-  for (Tensor& tensor : tensors) {
+  for (JobTensor& tensor : tensors) {
     FERRY_ASSIGN_OR_RETURN(
         Sharding sharding,
         Sharding::Create(mesh,
@@ -107,7 +93,7 @@ Status SendShards(std::vector<Tensor>& tensors, const Mesh& mesh, int shard_dim,
     FERRY_ASSIGN_OR_RETURN(tensor.sharded,
                            TransferShardsToDevice(tensor.entry.source, sharding, transfer_options));
   }
-  for (const Tensor& tensor : tensors) {
+  for (const JobTensor& tensor : tensors) {
     FERRY_RETURN_IF_ERROR(AwaitReady(tensor.sharded->addressable_shards()));
   }
   return OkStatus();
@@ -142,9 +128,9 @@ int64_t LocalShardBytes(const ShardedData& data, int64_t item_bytes) {
 
 // Per tensor: {checksum of the file's bytes, checksum of the device data read back} over the
 // shards this process owns; summed over the ranks they cover every element once.
-StatusOr<std::vector<uint64_t>> LocalChecksums(const std::vector<Tensor>& tensors) {
+StatusOr<std::vector<uint64_t>> LocalChecksums(const std::vector<JobTensor>& tensors) {
   std::vector<uint64_t> sums;
-  for (const Tensor& tensor : tensors) {
+  for (const JobTensor& tensor : tensors) {
     const HostView& view = tensor.entry.source->view();
     uint64_t file_sum = 0;
     uint64_t device_sum = 0;
@@ -173,124 +159,6 @@ bool RequestApplies(DType requested, DType source) {
   const DTypeKind a = GetDTypeInfo(requested).kind;
   const DTypeKind b = GetDTypeInfo(source).kind;
   return a == b || (integer(a) && integer(b));
-}
-
-enum class Verdict { kUnchecked, kMatch, kLossy, kMismatch };
-
-// What rank 0 reports for the job.
-struct JobSummary {
-  bool verify = false;
-  int shard_dim = 0;
-  size_t devices = 0;
-  int processes = 1;
-  int64_t total_bytes = 0;
-  int64_t resident_after = 0;
-  double seconds = 0;  // the slowest rank's
-  nlohmann::json ranks;
-
-  double aggregate_gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
-};
-
-// Bytes in at most 10 characters ("1008.2 MiB"), "?" where a rank could not tell.
-std::string ShortBytes(int64_t bytes) {
-  if (bytes < 0) return "?";
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
-}
-
-// The job's report for `width` columns, laid out like the one-process put (TextTable,
-// WrapToString): the tensors (long names, then shapes, give way), a row per rank (numbers stay
-// whole: nine columns fit 80), then the totals and the verify verdicts (a line for every tensor
-// that does not match), each on lines of their own.
-std::string FormatJobReport(const std::vector<Tensor>& tensors,
-                            const std::vector<Verdict>& verdicts, const JobSummary& job,
-                            int width) {
-  using Align = TextTable::Align;
-  TextTable table({{"tensor", Align::kLeft, 0, 12},
-                   {"shape", Align::kLeft, 1, 9},
-                   {"file -> device", Align::kLeft, -1},
-                   {"layout", Align::kLeft, -1},
-                   {"size", Align::kRight, -1}});
-  const auto dtypes = [](const Tensor& tensor) {
-    return fmt::format("{} -> {}", DTypeName(tensor.file_dtype), DTypeName(tensor.device_dtype));
-  };
-  for (const Tensor& tensor : tensors) {
-    table.AddRow({Printable(tensor.entry.name), fmt::format("[{}]", fmt::join(tensor.dims, ",")),
-                  dtypes(tensor), tensor.split ? "split" : "repl",
-                  FormatBytes(static_cast<double>(TensorBytes(tensor)))});
-  }
-  std::string out = table.Render(width);
-  const auto add = [&](const std::string& text) { out += WrapToString(text, width) + "\n"; };
-  add(
-      fmt::format("split: dim {} over the {} devices of the mesh, each rank reading only its own "
-                  "shards; repl: replicated on every device (tensors of rank {} or less)",
-                  job.shard_dim, job.devices, job.shard_dim));
-  out += "\n";
-
-  TextTable ranks({{"rank", Align::kRight, -1},
-                   {"dev", Align::kRight, -1},
-                   {"shards", Align::kRight, -1},
-                   {"read", Align::kRight, -1},
-                   {"alone", Align::kRight, -1},
-                   {"anon peak", Align::kRight, -1},
-                   {"file peak", Align::kRight, -1},
-                   {"time s", Align::kRight, -1},
-                   {"GB/s", Align::kRight, -1}});
-  for (const nlohmann::json& rank : job.ranks) {
-    const double seconds = rank["seconds"].get<double>();
-    const int64_t shard_bytes = rank["shard_bytes"].get<int64_t>();
-    ranks.AddRow({fmt::format("{}", rank["rank"].get<int>()),
-                  fmt::format("{}", rank["devices"].get<int64_t>()), ShortBytes(shard_bytes),
-                  ShortBytes(rank["storage_read_bytes"].get<int64_t>()),
-                  ShortBytes(rank["isolated_read_bytes"].get<int64_t>()),
-                  ShortBytes(rank["peak_anonymous_bytes"].get<int64_t>()),
-                  ShortBytes(rank["peak_file_backed_bytes"].get<int64_t>()),
-                  fmt::format("{:.3f}", seconds),
-                  fmt::format("{:.2f}", seconds > 0 ? shard_bytes / seconds / 1e9 : 0.0)});
-  }
-  out += ranks.Render(width);
-  add("read: from storage during the put (a page shared by ranks counts once, for whoever read it "
-      "first); alone: what the rank reads with no other rank running (--drop-page-cache); anon "
-      "peak, file peak: its resident memory at its largest during the put, anonymous (heap, "
-      "device buffers) and file-backed (mapped pages of the file, read by it or by another rank, "
-      "and of the libraries)");
-  add(fmt::format("total: {} tensor{}, {} on {} device{} of {} process{}", tensors.size(),
-                  tensors.size() == 1 ? "" : "s", FormatBytes(static_cast<double>(job.total_bytes)),
-                  job.devices, job.devices == 1 ? "" : "s", job.processes,
-                  job.processes == 1 ? "" : "es"));
-  add(fmt::format("in {:.3f} s = {:.2f} GB/s aggregate; file pages resident after the run: {}",
-                  job.seconds, job.aggregate_gbps(),
-                  FormatBytes(static_cast<double>(job.resident_after))));
-  if (!job.verify) return out;
-  const auto count = [&](Verdict verdict) {
-    return std::count(verdicts.begin(), verdicts.end(), verdict);
-  };
-  if (count(Verdict::kMismatch) > 0) {
-    add(fmt::format("verify FAILED: {} of {} tensors' global checksums differ from the file",
-                    count(Verdict::kMismatch), tensors.size()));
-  } else if (count(Verdict::kLossy) > 0) {
-    add(
-        fmt::format("verified: {} of {} tensors' global checksums match the file; {} differ by the "
-                    "requested conversion",
-                    count(Verdict::kMatch), tensors.size(), count(Verdict::kLossy)));
-  } else {
-    add("verified: every tensor's global checksum matches the file");
-  }
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    if (verdicts[t] == Verdict::kLossy) {
-      add(fmt::format("differs (lossy conversion): {} ({})", Printable(tensors[t].entry.name),
-                      dtypes(tensors[t])));
-    } else if (verdicts[t] == Verdict::kMismatch) {
-      add(fmt::format("MISMATCH: {} ({})", Printable(tensors[t].entry.name), dtypes(tensors[t])));
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -341,11 +209,17 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   if (Status agreed = agree(local, "starting the devices"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
-  const std::string plan =
-      fmt::format("files [{}], backend {}, --shard-dim {}, --device-dtype '{}'{}, --semantics {}{}",
-                  fmt::join(options.files, ", "), options.backend, options.shard_dim,
-                  options.device_dtype, options.device_dtype_all ? " (all)" : "", options.semantics,
-                  options.verify ? ", --verify" : "");
+  // One field a line (AgreeOnValue names the first that differs).
+  std::string plan;
+  for (size_t i = 0; i < options.files.size(); ++i) {
+    plan += fmt::format("file {}: {}\n", i + 1, Printable(options.files[i]));
+  }
+  plan += fmt::format(
+      "backend: {}\n--shard-dim: {}\n--device-dtype: {}\n--device-dtype-all: {}\n"
+      "--semantics: {}\n--verify: {}\n--only: {}\n--exclude: {}",
+      options.backend, options.shard_dim, options.device_dtype.empty() ? "-" : options.device_dtype,
+      options.device_dtype_all, options.semantics, options.verify, fmt::join(options.only, " "),
+      fmt::join(options.exclude, " "));
   if (Status agreed = distributed::AgreeOnValue(group, plan, "the command line"); !agreed.ok()) {
     return ReportError(kCommand, agreed);
   }
@@ -366,8 +240,9 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
 
   // Open (map) every file; a file that one rank cannot open stops every rank.
   std::vector<TensorFile> files;
-  std::vector<Tensor> tensors;
-  std::string layout;  // every tensor's name, dtype and shape: the same files on every rank
+  std::vector<JobTensor> tensors;
+  // A line per tensor, "name: dtype [dims]": the same files on every rank.
+  std::string layout;
   TensorSelector selector({}, options.only, options.exclude);
   TensorFileOptions open_options;
   if (!selector.empty()) open_options.selector = &selector;
@@ -378,8 +253,9 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
       break;
     }
     for (const TensorFileEntry& entry : file->tensors()) {
-      Tensor tensor;
+      JobTensor tensor;
       tensor.file = path;
+      tensor.file_number = files.size() + 1;
       tensor.entry = entry;
       const HostView& view = entry.source->view();
       tensor.dims = view.dims;
@@ -396,8 +272,8 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
       }
       tensor.device_dtype = *dtype;
       tensor.split = options.shard_dim < view.rank();
-      layout +=
-          fmt::format("{} {} [{}]; ", entry.name, DTypeName(view.dtype), fmt::join(view.dims, ","));
+      layout += fmt::format("{}: {} [{}]\n", Printable(entry.name), DTypeName(view.dtype),
+                            fmt::join(view.dims, ","));
       tensors.push_back(std::move(tensor));
     }
     files.push_back(*std::move(file));
@@ -416,7 +292,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   // read-around past a shard's edge would read other ranks' shards too. Measured on this machine
   // (1 GiB sample, 2 ranks, cold cache): each rank alone read 1006 MiB for its 504 MiB of shards
   // with the kernel's read-around, 504.4 MiB with the advice (docs/distributed.md).
-  for (const Tensor& tensor : tensors) {
+  for (const JobTensor& tensor : tensors) {
     if (!tensor.entry.zero_copy || !tensor.split) continue;
     AdviseShardReads(tensor, *mesh, options.shard_dim);
   }
@@ -424,13 +300,13 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   local = SendShards(tensors, *mesh, options.shard_dim, semantics);
   int64_t shard_bytes = 0;
   int64_t total_bytes = 0;
-  for (const Tensor& tensor : tensors) {
+  for (const JobTensor& tensor : tensors) {
     if (tensor.sharded != nullptr) {
       shard_bytes += LocalShardBytes(*tensor.sharded, GetDTypeInfo(tensor.file_dtype).size_bytes);
     }
     total_bytes += TensorBytes(tensor);
   }
-  for (const Tensor& tensor : tensors) {
+  for (const JobTensor& tensor : tensors) {
     if (!local.ok() || tensor.sharded == nullptr) break;
     local = AwaitReady(tensor.sharded->addressable_shards());
   }
@@ -481,7 +357,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
   int64_t isolated_read = -1;
   if (options.drop_page_cache) {
     files.clear();
-    for (Tensor& tensor : tensors) {
+    for (JobTensor& tensor : tensors) {
       tensor.entry.source.reset();
       tensor.sharded.reset();
     }
@@ -504,7 +380,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
         for (const TensorFile& file : again) {
           for (const TensorFileEntry& entry : file.tensors()) tensors[next++].entry = entry;
         }
-        for (const Tensor& tensor : tensors) {
+        for (const JobTensor& tensor : tensors) {
           if (local.ok() && tensor.entry.zero_copy && tensor.split) {
             AdviseShardReads(tensor, *mesh, options.shard_dim);
           }
@@ -513,7 +389,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
         isolated_read = 0;
         for (const std::string& path : options.files)
           isolated_read += PageCacheBytes(path).value_or(0);
-        for (Tensor& tensor : tensors) {
+        for (JobTensor& tensor : tensors) {
           tensor.entry.source.reset();
           tensor.sharded.reset();
         }
@@ -548,6 +424,7 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
     job.shard_dim = options.shard_dim;
     job.devices = mesh_devices.size();
     job.processes = group.size();
+    for (const Device* device : mesh_devices) job.device_names.push_back((*global)->NameOf(device));
     job.total_bytes = total_bytes;
     job.resident_after = resident;
     job.ranks = nlohmann::json::array();
@@ -555,21 +432,10 @@ int RunPutOverAllDevices(const DistributedPutOptions& options) {
       job.ranks.push_back(nlohmann::json::parse(text));
       job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
     }
-    fmt::print("{}", FormatJobReport(tensors, verdicts, job, OutputWidth(STDOUT_FILENO)));
+    fmt::print("{}", FormatJobReport(tensors, verdicts, job, options, OutputWidth(STDOUT_FILENO)));
     std::fflush(stdout);
     if (!options.json_path.empty()) {
-      nlohmann::json json = {{"files", options.files},
-                             {"processes", group.size()},
-                             {"devices", mesh_devices.size()},
-                             {"shard_dim", options.shard_dim},
-                             {"total_bytes", total_bytes},
-                             {"seconds", job.seconds},
-                             {"aggregate_gbps", job.aggregate_gbps()},
-                             {"resident_bytes_after", resident},
-                             {"dropped_page_cache", options.drop_page_cache},
-                             {"verified", options.verify},
-                             {"verified_exact", options.verify && verified_exact},
-                             {"ranks", job.ranks}};
+      const nlohmann::json json = JobJson(tensors, verdicts, job, options, verified_exact);
       if (Status written = WriteJson(json, options.json_path); !written.ok()) {
         return ReportError(kCommand, written);
       }

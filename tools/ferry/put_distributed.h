@@ -24,6 +24,7 @@ struct DistributedPutOptions {
   // --only / --exclude: glob patterns of the tensors to put and to leave out (TensorSelector).
   std::vector<std::string> only;
   std::vector<std::string> exclude;
+  bool wide = false;  // --wide: whole tensor names in the report
 };
 
 int RunPutOverAllDevices(const DistributedPutOptions& options);

@@ -68,6 +68,10 @@ class GlobalDevices {
   // The process that owns `device`, and its global id; -1 for a device not in this table.
   int ProcessIndexOf(const Device* device) const;
   int64_t GlobalIdOf(const Device* device) const;
+  // `device`'s name in the job. In a job of one process, its own name ("host:0"). With several
+  // processes, where every process names its devices from 0, its process first: "p1/host:0" is
+  // process 1's host:0 (the same name on every rank). Empty for a device not in this table.
+  std::string NameOf(const Device* device) const;
   int process_count() const { return process_count_; }
   int process_index() const { return process_index_; }
 

@@ -76,9 +76,19 @@ void Finalize();
 // ranks' numbers). A collective failure (a peer gone) is returned as it is.
 Status AgreeOnStatus(ProcessGroup& group, const Status& local, std::string_view step);
 
-// Every rank's `local` must be equal (e.g. a mesh description); otherwise InvalidArgument naming
-// the first rank that differs from rank 0 and both values: "<what> differs between ranks: rank 0
-// has '...', rank R has '...'". The same result on every rank.
+// Every rank's `local` must be equal (e.g. a mesh description); otherwise InvalidArgument, the
+// same on every rank, naming the ranks that differ from rank 0 and, for the first of them, where
+// it does, both values cut to the part around the first difference, on lines that fit 80 columns
+// (never the whole values: a plan of many tensors would make a line of thousands of characters):
+//   <what> differs between ranks 0 and 1
+//   (ranks 2, 3 differ from rank 0 too)
+//   first in --shard-dim:
+//     rank 0: 0
+//     rank 1: 1
+//             ^
+// A value of several lines is compared line by line, and a line "name: value" is a field: the
+// message names the first field that differs ("first in NAME:"), else the line and character
+// ("first on line 3, at character 12:"; one line: "first at character 12:").
 Status AgreeOnValue(ProcessGroup& group, std::string_view local, std::string_view what);
 
 // Sums one unsigned 64-bit value per entry over all ranks (wrapping): every rank gets the sums.
