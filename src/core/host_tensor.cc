@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <new>
 #include <optional>
 
@@ -35,6 +36,31 @@ int64_t CacheLimitFromSettings(Status& status) {
   return limit.ok() ? *limit : 0;
 }
 
+// The bracketed choice of a sysfs THP file ("always [madvise] never" -> "madvise"); "" when the
+// file cannot be read (no THP in this kernel, or no /sys).
+std::string ReadThpChoice(const char* path) {
+  std::ifstream file(path);
+  std::string line;
+  if (!std::getline(file, line)) return "";
+  const size_t open = line.find('[');
+  const size_t close = line.find(']', open);
+  if (open == std::string::npos || close == std::string::npos) return "";
+  return line.substr(open + 1, close - open - 1);
+}
+
+struct ThpSettings {
+  std::string enabled;
+  std::string defrag;
+};
+
+// Read once: the kernel's settings are the machine's, and an allocation must not open files.
+const ThpSettings& KernelThpSettings() {
+  static const ThpSettings* const settings =
+      new ThpSettings{ReadThpChoice("/sys/kernel/mm/transparent_hugepage/enabled"),
+                      ReadThpChoice("/sys/kernel/mm/transparent_hugepage/defrag")};
+  return *settings;
+}
+
 std::byte* AllocateFromSystem(int64_t size_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t size = static_cast<size_t>(std::max<int64_t>(size_bytes, 1));
@@ -43,7 +69,10 @@ std::byte* AllocateFromSystem(int64_t size_bytes) {
   const size_t rounded = (size + alignment - 1) / alignment * alignment;
   void* memory = std::aligned_alloc(alignment, rounded);
   if (memory != nullptr && alignment == kHugePage) {
-    madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: failure changes nothing
+    const HugePagePolicy policy = HostHugePagePolicy();
+    // Advice only: a failure changes nothing.
+    if (policy.advise) madvise(memory, rounded, MADV_HUGEPAGE);
+    if (policy.refuse) madvise(memory, rounded, MADV_NOHUGEPAGE);
   }
   return static_cast<std::byte*>(memory);
 }
@@ -101,6 +130,54 @@ HostCache& GetHostCache() {
 FreedMemoryCache<std::byte*>& Cache() { return GetHostCache().cache; }
 
 }  // namespace
+
+HugePagePolicy ChooseHugePagePolicy(std::string_view thp_enabled, std::string_view thp_defrag,
+                                    settings::HugePagesSetting setting) {
+  HugePagePolicy policy;
+  policy.thp_enabled = std::string(thp_enabled);
+  policy.thp_defrag = std::string(thp_defrag);
+  const std::string kernel = thp_enabled.empty()
+                                 ? std::string("this kernel has no transparent huge pages")
+                                 : fmt::format("THP enabled={}, defrag={}", thp_enabled,
+                                               thp_defrag.empty() ? "?" : thp_defrag);
+  switch (setting) {
+    case settings::HugePagesSetting::kOn:
+      policy.advise = !thp_enabled.empty();
+      policy.reason = fmt::format("asked for (FERRY_HOST_HUGE_PAGES=on; {})", kernel);
+      return policy;
+    case settings::HugePagesSetting::kOff:
+      // Also where THP is "madvise": memory that malloc hands back may lie in a range advised
+      // before.
+      policy.refuse = !thp_enabled.empty() && thp_enabled != "never";
+      policy.reason = fmt::format("not asked for (FERRY_HOST_HUGE_PAGES=off; {})", kernel);
+      return policy;
+    case settings::HugePagesSetting::kAuto:
+      break;
+  }
+  if (thp_enabled.empty() || thp_enabled == "never") {
+    policy.reason = fmt::format("not asked for ({})", kernel);
+  } else if (thp_defrag == "defer" || thp_defrag == "never") {
+    // A madvised fault takes a free huge page or falls back to small pages at once; compaction,
+    // if any, runs in the background.
+    policy.advise = true;
+    policy.reason = fmt::format("asked for ({}: a fault never waits for compaction)", kernel);
+  } else {
+    // "always", "madvise", "defer+madvise" (or unreadable): a madvised fault with no free huge
+    // page compacts memory before it returns, milliseconds each on a busy machine.
+    policy.reason = fmt::format(
+        "not asked for ({}: a madvised fault would wait for memory compaction; "
+        "FERRY_HOST_HUGE_PAGES=on asks anyway)",
+        kernel);
+  }
+  return policy;
+}
+
+HugePagePolicy HostHugePagePolicy() {
+  const ThpSettings& kernel = KernelThpSettings();
+  const StatusOr<settings::HugePagesSetting> setting = settings::HostHugePages();
+  return ChooseHugePagePolicy(kernel.enabled, kernel.defrag,
+                              setting.ok() ? *setting : settings::HugePagesSetting::kAuto);
+}
 
 std::byte* AllocateHostMemory(int64_t size_bytes) {
   if (size_bytes >= kMinCachedBytes) {

@@ -43,6 +43,7 @@ constexpr std::string_view kKernelLevel = "a kernel level (portable, avx2 or avx
 constexpr std::string_view kPath = "a path or a Python package name";
 constexpr std::string_view kPathList = "a ':'-separated list of folders";
 constexpr std::string_view kLibrary = "a shared library's name or path";
+constexpr std::string_view kHugePagesChoice = "auto, on or off";
 
 // Sorted by name (AllSettings promises it; a test checks it).
 constexpr SettingInfo kSettings[] = {
@@ -55,6 +56,12 @@ constexpr SettingInfo kSettings[] = {
      "this machine is found within about 0.1 s whatever this is)."},
     {"FERRY_HOST_DEVICES", SettingScope::kClient, kDeviceCount, "1", "ClientOptions::num_devices",
      "How many devices the host backend presents."},
+    {"FERRY_HOST_HUGE_PAGES", SettingScope::kProcess, kHugePagesChoice, "auto", "",
+     "Whether host allocations of 2 MiB or more ask the kernel for transparent huge pages "
+     "(MADV_HUGEPAGE). auto: only where the kernel's THP defrag setting (defer or never) cannot "
+     "stall a page fault in memory compaction, which turns a load on a busy machine into seconds; "
+     "on: always; off: never (MADV_NOHUGEPAGE: none even where THP is always on). `ferry devices` "
+     "says what auto chose and why."},
     {"FERRY_HOST_MEMORY_CACHE_BYTES", SettingScope::kProcess, kByteCount,
      "1073741824 (1 GiB); 0 in AddressSanitizer builds", "",
      "The most bytes of freed host memory kept for reuse by later allocations of the same size "
@@ -119,6 +126,13 @@ StatusOr<double> ParseSeconds(std::string_view name, std::string_view text) {
   return value;
 }
 
+StatusOr<settings::HugePagesSetting> ParseHugePages(std::string_view name, std::string_view text) {
+  if (text == "auto") return settings::HugePagesSetting::kAuto;
+  if (text == "on") return settings::HugePagesSetting::kOn;
+  if (text == "off") return settings::HugePagesSetting::kOff;
+  return BadValue(name, text, kHugePagesChoice);
+}
+
 StatusOr<ConvertKernelLevel> ParseKernelLevel(std::string_view name, std::string_view text) {
   StatusOr<ConvertKernelLevel> level = ConvertKernelLevelFromName(text);
   if (!level.ok()) return BadValue(name, text, kKernelLevel);
@@ -133,6 +147,7 @@ Status Validate(std::string_view name, std::string_view text) {
   if (name == "FERRY_HOST_DEVICES") return ParseDeviceCount(name, text).status();
   if (name == "FERRY_DISTRIBUTED_TIMEOUT_S") return ParseSeconds(name, text).status();
   if (name == "FERRY_CONVERT_KERNELS") return ParseKernelLevel(name, text).status();
+  if (name == "FERRY_HOST_HUGE_PAGES") return ParseHugePages(name, text).status();
   return OkStatus();
 }
 
@@ -267,6 +282,13 @@ StatusOr<int> HostDevices() {
   const SettingValue value = ValueOf(kName);
   if (!value.text.has_value()) return kDefaultHostDevices;
   return ParseDeviceCount(kName, *value.text);
+}
+
+StatusOr<HugePagesSetting> HostHugePages() {
+  constexpr std::string_view kName = "FERRY_HOST_HUGE_PAGES";
+  const SettingValue value = ValueOf(kName);
+  if (!value.text.has_value()) return HugePagesSetting::kAuto;
+  return ParseHugePages(kName, *value.text);
 }
 
 StatusOr<std::optional<int64_t>> HostMemoryLimit() {

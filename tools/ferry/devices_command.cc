@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "ferry/core/host_tensor.h"
 #include "ferry/device/registry.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -65,6 +66,11 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
         }
       }
     }
+    // Where transfers land in host memory (host devices, staging, the CPU plugins' views): whether
+    // ferry asks for huge pages there, from the kernel's settings (ferry/core/host_tensor.h).
+    out += "\n" +
+           HangingParagraph(
+               "host memory: ", fmt::format("huge pages {}", HostHugePagePolicy().reason), width);
     fmt::print("{}", out);
     if (!requested_plugin_failed.ok()) {
       fmt::print(stderr, "ferry devices: --pjrt-plugin {}: {}\n",

@@ -3,9 +3,12 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_view.h"
+#include "ferry/core/settings.h"
 #include "ferry/core/status.h"
 
 namespace ferry {
@@ -25,6 +28,13 @@ inline constexpr size_t kHostAlignment = 64;
 // 0 turns it off; off by default in AddressSanitizer builds so that use-after-free stays
 // detectable; SetSetting changes it while running) and is emptied when an allocation fails. The
 // gauges HostMemoryCacheBytes and HostMemoryCacheLimitBytes (ferry/core/metrics.h) follow it.
+//
+// Huge pages: in a fresh process the first touch of fresh memory is most of a large transfer's
+// cost, and 2 MiB pages make those faults 512 times fewer; but where the kernel's THP defrag
+// setting lets a madvised fault compact memory synchronously ("always", "madvise",
+// "defer+madvise"), a busy machine turns that fault into milliseconds each and a load into
+// seconds. FERRY_HOST_HUGE_PAGES (auto, the default) asks for them only where it cannot stall
+// (HostHugePagePolicy).
 std::byte* AllocateHostMemory(int64_t size_bytes);
 void FreeHostMemory(std::byte* memory, int64_t size_bytes);
 // Bytes of freed host memory held by the cache, and its limit.
@@ -35,6 +45,22 @@ void ReleaseCachedHostMemory();
 // The error of a bad FERRY_HOST_MEMORY_CACHE_BYTES (the cache then holds nothing), else OK.
 // HostTensor::Allocate returns it.
 Status HostMemoryCacheSettingStatus();
+
+// Whether large host allocations ask for transparent huge pages, and why.
+struct HugePagePolicy {
+  bool advise = false;      // MADV_HUGEPAGE on allocations of 2 MiB or more
+  bool refuse = false;      // MADV_NOHUGEPAGE instead (FERRY_HOST_HUGE_PAGES=off)
+  std::string thp_enabled;  // /sys/kernel/mm/transparent_hugepage/enabled's choice; "" unreadable
+  std::string thp_defrag;   // .../defrag's choice; "" unreadable
+  std::string reason;       // one sentence, for `ferry devices` and the docs
+};
+// The policy for the kernel settings `thp_enabled` and `thp_defrag` (as the kernel names them)
+// and FERRY_HOST_HUGE_PAGES = `setting`. Pure: no system call.
+HugePagePolicy ChooseHugePagePolicy(std::string_view thp_enabled, std::string_view thp_defrag,
+                                    settings::HugePagesSetting setting);
+// The policy in force: this kernel's settings (read once per process) and the setting's current
+// value (a bad value counts as auto). Thread-safe.
+HugePagePolicy HostHugePagePolicy();
 
 // Owns its bytes; movable, not copyable. Not thread-safe for concurrent writes (plain memory).
 class HostTensor {

@@ -94,6 +94,9 @@ StatusOr<int64_t> HostMemoryCacheBytes();
 StatusOr<std::optional<ConvertKernelLevel>> ConvertKernels();
 // FERRY_HOST_DEVICES: how many devices the host backend presents (1 to 1024).
 StatusOr<int> HostDevices();
+// FERRY_HOST_HUGE_PAGES: whether ferry's large host allocations ask for transparent huge pages.
+enum class HugePagesSetting { kAuto, kOn, kOff };
+StatusOr<HugePagesSetting> HostHugePages();
 // FERRY_HOST_MEMORY_LIMIT: each host device's memory limit in bytes; nullopt: none.
 StatusOr<std::optional<int64_t>> HostMemoryLimit();
 // FERRY_OPENCL_LIBRARY: the OpenCL library to dlopen; nullopt: the ICD loader, libOpenCL.so.1.
