@@ -505,11 +505,11 @@ def _array_repr(self: Array) -> str:
         return (
             f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
             f"device_dtype={_device_dtype_text(self)}, sharding={self.sharding!r}, "
-            f"devices=[{', '.join(d.name for d in self.devices)}])"
+            f"devices=[{', '.join(d.global_name for d in self.devices)}])"
         )
     return (
         f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
-        f"device_dtype={self.device_dtype}, device={self.device.name})"
+        f"device_dtype={self.device_dtype}, device={self.device.global_name})"
     )
 
 

@@ -71,6 +71,12 @@ def case_load(directory):
     assert sum(d.is_addressable for d in devices) == 2
     assert all(d.backend == "host" for d in devices)
     assert len(ferry.devices("host")) == 2  # devices() stays local
+    # Every process names its devices from 0: in the job a name carries its process.
+    for d in devices:
+        local_name = f"host:{d.id % 2}"
+        job_name = local_name if count == 1 else f"p{d.id // 2}/{local_name}"
+        assert (d.name, d.global_name, repr(d)) == (local_name, job_name, f"Device({job_name})"), \
+            (d.name, d.global_name, repr(d))
 
     remote = [d for d in devices if not d.is_addressable]
     if remote:
@@ -80,6 +86,12 @@ def case_load(directory):
             assert "not this process's" in str(error), error
         else:
             raise AssertionError("a put to another process's device did not raise")
+        try:
+            ferry.Mesh([remote[0], devices[me * 2], remote[0]], [3], ["x"])
+        except ferry.InvalidArgumentError as error:
+            assert f"device {remote[0].global_name} appears twice" in str(error), error
+        else:
+            raise AssertionError("a mesh holding a device twice did not raise")
 
     # 1-d mesh over every device, dim 0 split (uneven), lower ranks replicated.
     mesh = ferry.Mesh(devices, [len(devices)], ["all"])
@@ -97,6 +109,7 @@ def case_load(directory):
                 ferry.device_get(array)
             except ferry.FailedPreconditionError as error:
                 assert "another process" in str(error), error
+                assert "lives only on device p" in str(error), error  # p1/host:0, not host:0
             else:
                 raise AssertionError(f"{name}: reading a non-addressable shard did not raise")
 
