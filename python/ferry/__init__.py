@@ -505,11 +505,11 @@ def _array_repr(self: Array) -> str:
         return (
             f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
             f"device_dtype={_device_dtype_text(self)}, sharding={self.sharding!r}, "
-            f"devices=[{', '.join(d.name for d in self.devices)}])"
+            f"devices=[{', '.join(d.global_name for d in self.devices)}])"
         )
     return (
         f"ferry.Array(shape={self.shape}, dtype={self._dtype_name}, "
-        f"device_dtype={self.device_dtype}, device={self.device.name})"
+        f"device_dtype={self.device_dtype}, device={self.device.global_name})"
     )
 
 
@@ -975,8 +975,10 @@ def load_file(
     {name: Sharding}, or a rule: a callable (name, shape, dtype) -> Sharding, such as
     `shard_along(mesh, dim)`. Each process sends only its own devices' shards, straight from the
     mapped file, so it reads only the bytes they cover (and every replicated tensor). In a job of
-    several processes every process must call it with the same file and shardings; when it fails
-    on one, it raises the same error on every process.
+    several processes every process must call it with the same file, shardings and device dtype;
+    when they differ, every process raises `InvalidArgumentError` naming the ranks and the first
+    tensor (or mesh, or dtype argument) that differs, both values cut around the difference, in
+    lines of at most 80 columns; when it fails on one, it raises the same error on every process.
     """
     if sharding is not None:
         if device is not None:
@@ -1040,13 +1042,32 @@ def _sharding_for(rule: Any, name: str, array: np.ndarray) -> Sharding:
         f"load_file: sharding must be a Sharding, a dict or a callable, not {type(rule).__name__}")
 
 
-def _describe_plan(shardings: dict[str, Sharding], arrays: dict[str, np.ndarray]) -> str:
-    """What every process must agree on: each tensor, its mesh (global device ids) and spec."""
-    return repr([
-        (name, tuple(arrays[name].shape), str(arrays[name].dtype),
-         [d.id for d in s.mesh.devices], s.mesh.shape, s.mesh.axis_names, s.spec)
-        for name, s in shardings.items()
-    ])
+def _plan_text(text: str) -> str:
+    """`text` as one line of a plan: escaped where it is not printable (a newline would split it)."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+def _describe_plan(shardings: dict[str, Sharding], arrays: dict[str, np.ndarray],
+                   device_dtype: str | None, device_dtype_all: bool) -> str:
+    """What every process must agree on, one field a line (`name: value`) so that a difference is
+    reported by the field it is in (AgreeOnValue: "first in NAME:", both values cut around it):
+    the dtype request, each tensor in file order (its dtype, shape, mesh and spec), then each
+    mesh (global device ids, shape, axis names), numbered in order of first use."""
+    lines = [f"device_dtype: {device_dtype or '-'}", f"device_dtype_all: {device_dtype_all}"]
+    meshes: dict[tuple[Any, ...], int] = {}
+    for name, sharding in shardings.items():
+        mesh = sharding.mesh
+        key = (tuple(d.id for d in mesh.devices), mesh.shape, mesh.axis_names)
+        number = meshes.setdefault(key, len(meshes) + 1)
+        array = arrays[name]
+        spec = ", ".join("None" if axes is None else repr(axes) for axes in sharding.spec)
+        lines.append(f"{_plan_text(name)}: {array.dtype} {list(array.shape)}, mesh {number}, "
+                     f"spec [{spec}]")
+    for (ids, shape, axis_names), number in meshes.items():
+        axes = ", ".join(_plan_text(a) for a in axis_names)
+        lines.append(f"mesh {number}: devices [{', '.join(map(str, ids))}], shape {list(shape)}, "
+                     f"axes [{axes}]")
+    return "\n".join(lines)
 
 
 def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all: bool,
@@ -1059,7 +1080,7 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
         arrays = dict(open_file(path, **selection))
         shardings = {name: _sharding_for(rule, name, array) for name, array in arrays.items()}
     if process_count() > 1:
-        _ferry._agree_on_value(_describe_plan(shardings, arrays),
+        _ferry._agree_on_value(_describe_plan(shardings, arrays, requested, device_dtype_all),
                                "load_file: the tensors and their shardings")
     placed: dict[str, Array] = {}
     with distributed.agreed("load_file: putting the shards"):

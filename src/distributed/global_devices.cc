@@ -76,10 +76,25 @@ int GlobalDevices::ProcessIndexOf(const Device* device) const {
   return id < 0 ? -1 : process_of_[static_cast<size_t>(id)];
 }
 
+namespace {
+// The name of process `process`'s `device` in a job of several processes.
+std::string WithProcess(int process, const Device& device) {
+  return fmt::format("p{}/{}", process, device.name());
+}
+}  // namespace
+
 std::string GlobalDevices::NameOf(const Device* device) const {
   const int process = ProcessIndexOf(device);
   if (process < 0) return "";
-  return process_count_ == 1 ? device->name() : fmt::format("p{}/{}", process, device->name());
+  return process_count_ == 1 ? device->name() : WithProcess(process, *device);
+}
+
+std::string NameInJob(const Device& device) {
+  if (const auto* remote = dynamic_cast<const RemoteDevice*>(&device)) {
+    return WithProcess(remote->process_index(), device);
+  }
+  const ProcessGroup& group = CurrentProcessGroup();
+  return group.size() == 1 ? device.name() : WithProcess(group.rank(), device);
 }
 
 int64_t GlobalDevices::GlobalIdOf(const Device* device) const {

@@ -775,7 +775,13 @@ NB_MODULE(_ferry, m) {
   nb::class_<Device>(m, "Device",
                      "A device of a backend (ferry.devices(), ferry.device(\"host:0\")): owned by "
                      "its client, which lives as long as the process.")
-      .def_prop_ro("name", [](const Device& d) { return d.name(); })
+      .def_prop_ro(
+          "name", [](const Device& d) { return d.name(); },
+          "The name in its process (\"host:0\"), as ferry.device(name) takes it: every "
+          "process names its devices from 0")
+      .def_prop_ro("global_name", &distributed::NameInJob,
+                   "The name in the job: \"p1/host:0\" for process 1's host:0 in a job of several "
+                   "processes (the same name on every process), `name` in a job of one")
       .def_prop_ro(
           "backend",
           [](const Device& d) {
@@ -810,7 +816,8 @@ NB_MODULE(_ferry, m) {
                      }
                      return names;
                    })
-      .def("__repr__", [](const Device& d) { return fmt::format("Device({})", d.name()); })
+      .def("__repr__",
+           [](const Device& d) { return fmt::format("Device({})", distributed::NameInJob(d)); })
       .def("__eq__", [](const Device& a, const Device& b) { return &a == &b; })
       .def("__hash__", [](const Device& d) { return std::hash<const void*>()(&d); });
 

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "ferry/core/metrics.h"
+#include "ferry/distributed/global_devices.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/runtime/transfer_internal.h"
@@ -44,7 +45,7 @@ StatusOr<Mesh> Mesh::Create(std::vector<Device*> devices, std::vector<int64_t> s
     if (device == nullptr) return InvalidArgumentError("a mesh device is null");
     if (!seen.insert(device).second) {
       return InvalidArgumentError(
-          fmt::format("device {} appears twice in the mesh", device->name()));
+          fmt::format("device {} appears twice in the mesh", distributed::NameInJob(*device)));
     }
   }
   Mesh mesh;
@@ -338,7 +339,8 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
       return FailedPreconditionError(fmt::format(
           "shard {} [{}] lives only on device {} of another process: this process can read "
           "only its own shards (addressable shards)",
-          i, fmt::join(ranges, ", "), data.sharding().mesh().devices()[i]->name()));
+          i, fmt::join(ranges, ", "),
+          distributed::NameInJob(*data.sharding().mesh().devices()[i])));
     }
   }
   ScopedTimer timer(metrics::TransferFromDeviceTime());

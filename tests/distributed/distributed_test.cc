@@ -305,6 +305,25 @@ TEST(GlobalDevices, ListEveryProcessesDevicesInProcessOrder) {
 
 // Issue 28: every process names its devices from 0, so in a job of several processes a device's
 // name in the job carries its process; in a job of one it is the device's own name.
+// A job of two processes in one (rank 0 of 2; rank 1 lists the same devices as this one): its
+// devices are this process's p0/host:0, p0/host:1 and the RemoteDevices p1/host:0, p1/host:1. No
+// collective: the same on every rank of an mpiexec run.
+class FakeTwoProcesses final : public ProcessGroup {
+ public:
+  std::string_view engine() const override { return "fake"; }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status Barrier(std::string_view) override { return OkStatus(); }
+  StatusOr<std::vector<std::string>> AllGather(std::string_view local, std::string_view) override {
+    return std::vector<std::string>{std::string(local), std::string(local)};
+  }
+};
+
+std::shared_ptr<const GlobalDevices> FakeTwoProcessJob() {
+  FakeTwoProcesses two_processes;
+  return GlobalDevices::Gather(two_processes, "host", HostClient().devices()).value();
+}
+
 TEST(GlobalDevices, NamesInAJobCarryTheirProcess) {
   auto global = Global();
   for (Device* device : global->devices()) {
@@ -312,27 +331,42 @@ TEST(GlobalDevices, NamesInAJobCarryTheirProcess) {
               Group().size() == 1
                   ? device->name()
                   : fmt::format("p{}/{}", global->ProcessIndexOf(device), device->name()));
+    // Without the table (the process-wide group is the one the table was gathered over).
+    EXPECT_EQ(distributed::NameInJob(*device), global->NameOf(device));
   }
   EXPECT_EQ(global->NameOf(nullptr), "");
-  // Two processes (a fake group: rank 1 lists the same devices as this one).
-  class Capture final : public ProcessGroup {
-   public:
-    std::string_view engine() const override { return "fake"; }
-    int rank() const override { return 0; }
-    int size() const override { return 2; }
-    Status Barrier(std::string_view) override { return OkStatus(); }
-    StatusOr<std::vector<std::string>> AllGather(std::string_view local,
-                                                 std::string_view) override {
-      return std::vector<std::string>{std::string(local), std::string(local)};
-    }
-  } two_processes;
-  auto job = GlobalDevices::Gather(two_processes, "host", HostClient().devices());
-  ASSERT_TRUE(job.ok()) << job.status();
+  auto job = FakeTwoProcessJob();
   std::vector<std::string> names;
-  for (Device* device : (*job)->devices()) names.push_back((*job)->NameOf(device));
+  for (Device* device : job->devices()) names.push_back(job->NameOf(device));
   EXPECT_EQ(names, (std::vector<std::string>{"p0/host:0", "p0/host:1", "p1/host:0", "p1/host:1"}));
+  // Another process's device carries its process without the table too.
+  EXPECT_EQ(distributed::NameInJob(*job->devices()[2]), "p1/host:0");
+  EXPECT_EQ(distributed::NameInJob(*job->devices()[3]), "p1/host:1");
   // Device::name() itself is unchanged: the API's own names stay the client's.
-  EXPECT_EQ((*job)->devices()[2]->name(), "host:0");
+  EXPECT_EQ(job->devices()[2]->name(), "host:0");
+}
+
+// Every process has a host:0: a mesh's errors name a device that spans processes by its name in
+// the job, so the message says which process's host:0 it means.
+TEST(ShardingAcrossProcesses, MeshErrorsNameDevicesWithTheirProcess) {
+  auto job = FakeTwoProcessJob();
+  Device* remote = job->devices()[2];  // p1/host:0
+  auto twice = Mesh::Create({remote, job->devices()[0], remote}, {3}, {"x"});
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(twice.status().message()), "device p1/host:0 appears twice in the mesh");
+
+  auto mesh = Mesh::Create(job->devices(), {4}, {"x"}).value();
+  auto sharding = Sharding::Create(mesh, {{"x"}, {}}).value();
+  HostTensor tensor = RandomTensor(DType::kF32, {8, 3}, 28);
+  auto source = TensorSource::FromHostTensor(std::move(tensor), "random");
+  auto data = TransferShardsToDevice(source, sharding);
+  ASSERT_TRUE(data.ok()) << data.status();
+  auto whole = AssembleShards(**data);
+  EXPECT_EQ(whole.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(whole.status().message())
+                .find("shard 2 [4:6, 0:3] lives only on device p1/host:0 of another process"),
+            std::string::npos)
+      << whole.status();
 }
 
 // Every dtype, uneven shapes, a 1-d mesh over every device of every process: each process holds
@@ -359,6 +393,10 @@ TEST(ShardingAcrossProcesses, EveryDtypeUnevenShapesMatchSlicing) {
       auto whole = AssembleShards(**data);
       EXPECT_EQ(whole.status().code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_NE(std::string(whole.status().message()).find("another process"), std::string::npos);
+      // The first shard this process lacks is on rank 0's first neighbour: p1/host:0 or p0/host:0.
+      const std::string device = fmt::format("device p{}/host:0 ", Group().rank() == 0 ? 1 : 0);
+      EXPECT_NE(std::string(whole.status().message()).find(device), std::string::npos)
+          << whole.status();
     }
   }
   EXPECT_EQ(checked,

@@ -71,6 +71,12 @@ def case_load(directory):
     assert sum(d.is_addressable for d in devices) == 2
     assert all(d.backend == "host" for d in devices)
     assert len(ferry.devices("host")) == 2  # devices() stays local
+    # Every process names its devices from 0: in the job a name carries its process.
+    for d in devices:
+        local_name = f"host:{d.id % 2}"
+        job_name = local_name if count == 1 else f"p{d.id // 2}/{local_name}"
+        assert (d.name, d.global_name, repr(d)) == (local_name, job_name, f"Device({job_name})"), \
+            (d.name, d.global_name, repr(d))
 
     remote = [d for d in devices if not d.is_addressable]
     if remote:
@@ -80,6 +86,12 @@ def case_load(directory):
             assert "not this process's" in str(error), error
         else:
             raise AssertionError("a put to another process's device did not raise")
+        try:
+            ferry.Mesh([remote[0], devices[me * 2], remote[0]], [3], ["x"])
+        except ferry.InvalidArgumentError as error:
+            assert f"device {remote[0].global_name} appears twice" in str(error), error
+        else:
+            raise AssertionError("a mesh holding a device twice did not raise")
 
     # 1-d mesh over every device, dim 0 split (uneven), lower ranks replicated.
     mesh = ferry.Mesh(devices, [len(devices)], ["all"])
@@ -97,6 +109,7 @@ def case_load(directory):
                 ferry.device_get(array)
             except ferry.FailedPreconditionError as error:
                 assert "another process" in str(error), error
+                assert "lives only on device p" in str(error), error  # p1/host:0, not host:0
             else:
                 raise AssertionError(f"{name}: reading a non-addressable shard did not raise")
 
@@ -248,6 +261,51 @@ def case_mesh_differs(directory):
         print(f"rank {me} error: {error}", flush=True)
         sys.exit(3)
     print(f"rank {me}: no error", flush=True)
+
+
+def expect_disagreement(directory, label, call):
+    """`call` must raise InvalidArgumentError (the ranks disagree); its message is kept in
+    DIR/LABEL_RANK.txt for the test to compare across ranks and measure."""
+    try:
+        call()
+    except ferry.InvalidArgumentError as error:
+        with open(os.path.join(directory, f"{label}_{ferry.process_index()}.txt"), "w") as f:
+            f.write(str(error))
+        return
+    raise AssertionError(f"{label}: the ranks disagreed and load_file did not raise")
+
+
+LONG_NAME = ("model.language_model.encoder.layers.17.self_attention.query_key_value."
+             "lora_adapter.weight")
+
+
+def case_plans_differ(directory):
+    """load_file(..., sharding=...) where rank 1 differs from rank 0 in one thing at a time: the
+    device order of the mesh, one tensor's spec (a tensor with a name too long for one line), the
+    device dtype. Each is an error on every rank; the messages go to files (see
+    expect_disagreement)."""
+    me = ferry.process_index()
+    path = os.path.join(directory, "plans.safetensors")
+    rng = np.random.default_rng(28)
+    tensors = {"embed": random_array(rng, (8, 6), "float32"),
+               LONG_NAME: random_array(rng, (8, 6), "float32"),
+               "bias": random_array(rng, (8,), "float32")}
+    if me == 0:
+        ferry.save_file(tensors, path)
+    ferry._ferry._barrier("the checkpoint is written")
+    devices = ferry.global_devices()
+    mesh = ferry.Mesh(devices, [len(devices)], ["all"])
+    reversed_mesh = ferry.Mesh(devices[::-1], [len(devices)], ["all"])
+    expect_disagreement(directory, "mesh", lambda: ferry.load_file(
+        path, sharding=ferry.shard_along(mesh if me == 0 else reversed_mesh)))
+    # One tensor split along dim 1 on rank 1, dim 0 on rank 0; every other tensor the same.
+    specs = {"embed": ["all", None], LONG_NAME: ["all", None] if me == 0 else [None, "all"],
+             "bias": ["all"]}
+    expect_disagreement(directory, "spec", lambda: ferry.load_file(
+        path, sharding={name: ferry.Sharding(mesh, spec) for name, spec in specs.items()}))
+    expect_disagreement(directory, "dtype", lambda: ferry.load_file(
+        path, sharding=ferry.shard_along(mesh), device_dtype="float16" if me == 1 else None))
+    print(f"rank {me} ok: 3 disagreements raised", flush=True)
 
 
 def case_killed(directory):

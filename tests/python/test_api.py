@@ -21,6 +21,15 @@ def test_devices_and_device_lookup():
     assert host in ferry.devices()
 
 
+def test_a_single_process_names_devices_without_a_process():
+    # In a job of several processes a device's name in the job is "p1/host:0" (test_distributed.py);
+    # alone, every name is the device's own, as before.
+    host = ferry.device("host:1")
+    assert (host.name, host.global_name, repr(host)) == ("host:1", "host:1", "Device(host:1)")
+    assert [d.global_name for d in ferry.global_devices()] == [d.name for d in ferry.devices("host")]
+    assert repr(ferry.device_put(np.arange(3.0), host)).endswith("device=host:1)")
+
+
 def test_unknown_devices_raise_matching_errors():
     with pytest.raises(ferry.NotFoundError):
         ferry.device("host:8")

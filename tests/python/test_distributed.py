@@ -93,6 +93,39 @@ def test_a_mesh_that_differs_between_ranks_is_an_error_on_every_rank(tmp_path):
     assert all("differs between ranks" in message for message in reports.values()), reports
 
 
+def test_a_plan_that_differs_names_its_first_field_and_the_ranks_within_80_columns(tmp_path):
+    # Issue 28: a mismatch was one line of thousands of characters holding both whole plans.
+    result, _ = mpiexec(2, "plans_differ", tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    messages = {}
+    for label in ("mesh", "spec", "dtype"):
+        ours, theirs = ((tmp_path / f"{label}_{rank}.txt").read_text() for rank in range(2))
+        assert ours == theirs, (label, ours, theirs)  # the same error on every rank
+        lines = ours.splitlines()
+        assert lines[0] == ("load_file: the tensors and their shardings differs between ranks 0 "
+                            "and 1"), ours
+        assert all(len(line) <= 80 for line in lines), ours
+        messages[label] = lines
+    # The mesh's device order: its own field, both orders shown, the caret under the first id.
+    assert messages["mesh"][1:] == [
+        "first in mesh 1:",
+        "  rank 0: devices [0, 1, 2, 3], shape [4], axes [all]",
+        "  rank 1: devices [3, 2, 1, 0], shape [4], axes [all]",
+        "                   ^"], messages["mesh"]
+    # One tensor's spec: named by that tensor (its long name cut in the middle to fit), not by the
+    # tensors before it; the caret under the spec's first difference.
+    first_in, rank_0, rank_1, caret = messages["spec"][1:]
+    assert first_in.startswith("first in model.language_model.") and first_in.endswith(
+        "lora_adapter.weight:") and "..." in first_in, first_in
+    assert rank_0 == "  rank 0: float32 [8, 6], mesh 1, spec ['all', None]", rank_0
+    assert rank_1 == "  rank 1: float32 [8, 6], mesh 1, spec [None, 'all']", rank_1
+    assert caret.index("^") == rank_0.index("'all', None"), caret
+    # The dtype request (rank 1 would have put float16 shards beside rank 0's float32 ones).
+    assert messages["dtype"][1:] == [
+        "first in device_dtype:", "  rank 0: -", "  rank 1: float16", "          ^"
+    ], messages["dtype"]
+
+
 def test_a_rank_that_dies_gives_every_survivor_a_clear_error(tmp_path):
     # -disable-auto-cleanup: mpiexec lets the survivors run (it sends them SIGUSR1), so ferry
     # reports. The collective deadline (300 s) is far beyond the job's timeout (60 s): only finding

@@ -71,6 +71,7 @@ class GlobalDevices {
   // `device`'s name in the job. In a job of one process, its own name ("host:0"). With several
   // processes, where every process names its devices from 0, its process first: "p1/host:0" is
   // process 1's host:0 (the same name on every rank). Empty for a device not in this table.
+  // (NameInJob below gives the same name without a table.)
   std::string NameOf(const Device* device) const;
   int process_count() const { return process_count_; }
   int process_index() const { return process_index_; }
@@ -83,5 +84,12 @@ class GlobalDevices {
   int process_count_ = 1;
   int process_index_ = 0;
 };
+
+// `device`'s name in the job, as GlobalDevices::NameOf gives it, for code that holds a device but
+// no table (a mesh's error messages, Python's Device repr): "p1/host:0" for another process's
+// device (a RemoteDevice) and, while the process-wide group (CurrentProcessGroup) has several
+// processes, for this process's own ("p0/host:0" on rank 0); else the device's own name, so a
+// single-process program sees "host:0" as before.
+std::string NameInJob(const Device& device);
 
 }  // namespace ferry::distributed
