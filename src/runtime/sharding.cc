@@ -322,8 +322,11 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
   return shards;
 }
 
-StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
-  // Every part of the tensor must have a replica here before any memory is allocated.
+namespace {
+
+// OK when every part of the tensor has a replica on this process's devices; else
+// FailedPrecondition naming the first part that lives only on another process's.
+Status CheckAssemblableHere(const ShardedData& data) {
   for (size_t i = 0; i < data.shards().size(); ++i) {
     if (data.shards()[i] != nullptr) continue;
     const ShardIndex& index = data.indices()[i];
@@ -341,6 +344,14 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
           i, fmt::join(ranges, ", "), data.sharding().mesh().devices()[i]->name()));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
+  // Every part of the tensor must have a replica here before any memory is allocated.
+  FERRY_RETURN_IF_ERROR(CheckAssemblableHere(data));
   ScopedTimer timer(metrics::TransferFromDeviceTime());
   // Owns `whole`: every read writes into it, and none may outlive it, whatever path returns.
   internal::PendingReads pending;
@@ -372,6 +383,30 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
   HostTensor whole = std::move(pending.TakeTensors().front());
   metrics::InboundData()->AddSample(static_cast<double>(whole.size_bytes()));
   return whole;
+}
+
+Future<> AssembleShardsInto(const ShardedData& data, const MutableHostView& dst) {
+  if (Status here = CheckAssemblableHere(data); !here.ok()) return Future<>::Ready(here);
+  if (dst.dims != data.global_dims()) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("AssembleShardsInto: destination dims [{}] differ from the tensor's [{}]",
+                    fmt::join(dst.dims, ","), fmt::join(data.global_dims(), ","))));
+  }
+  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  std::vector<DataPtr> shards;
+  std::vector<MutableHostView> parts;
+  std::vector<ShardIndex> done;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
+    const ShardIndex& index = data.indices()[i];
+    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
+    done.push_back(index);
+    shards.push_back(data.shards()[i]);
+    parts.push_back(SubView(dst, index));
+  }
+  return TransferFromDeviceInto(shards, parts);
 }
 
 }  // namespace ferry

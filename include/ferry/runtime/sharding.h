@@ -167,4 +167,10 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data);
 // on other processes' devices (read this process's part with LocalShards).
 StatusOr<HostTensor> AssembleShards(const ShardedData& data);
 
+// The same into the caller's view of the whole tensor (the global dims, any byte strides, any dtype
+// the device dtypes convert to): each distinct shard is read straight into its part of `dst`
+// (TransferFromDeviceInto: every check first, nothing written on a bad argument; never waits on
+// the calling thread). The caller keeps `dst` alive and untouched until the future completes.
+Future<> AssembleShardsInto(const ShardedData& data, const MutableHostView& dst);
+
 }  // namespace ferry
