@@ -97,10 +97,11 @@ StatusOr<Sharding> Sharding::Create(Mesh mesh, std::vector<std::vector<std::stri
 
 StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
     absl::Span<const int64_t> global_dims) const {
-  if (global_dims.size() != spec_.size()) {
+  if (global_dims.size() < spec_.size()) {
     return InvalidArgumentError(
-        fmt::format("sharding spec has {} entries but the tensor has rank {}", spec_.size(),
-                    global_dims.size()));
+        fmt::format("sharding spec has {} entries but the tensor has rank {} (a spec may be "
+                    "shorter than the rank, its missing dims replicated, never longer)",
+                    spec_.size(), global_dims.size()));
   }
   std::vector<ShardIndex> indices;
   indices.reserve(mesh_.size());
@@ -112,9 +113,11 @@ StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
       if (n < 0) return InvalidArgumentError(fmt::format("dim {} is negative ({})", dim, n));
       int64_t ways = 1;
       int64_t shard = 0;
-      for (int axis : spec_axes_[dim]) {  // major to minor
-        shard = shard * mesh_.shape()[axis] + coordinates[axis];
-        ways *= mesh_.shape()[axis];
+      if (dim < spec_axes_.size()) {        // dims past the spec's end are replicated
+        for (int axis : spec_axes_[dim]) {  // major to minor
+          shard = shard * mesh_.shape()[axis] + coordinates[axis];
+          ways *= mesh_.shape()[axis];
+        }
       }
       const int64_t chunk = (n + ways - 1) / ways;
       const int64_t begin = std::min(shard * chunk, n);

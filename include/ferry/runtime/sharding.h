@@ -52,7 +52,9 @@ struct DimRange {
 using ShardIndex = std::vector<DimRange>;
 
 // For each tensor dim, the mesh axes it is split over (major to minor); an empty list replicates
-// the tensor along that dim. Mesh axes named by no dim replicate the tensor over them.
+// the tensor along that dim. Mesh axes named by no dim replicate the tensor over them. A spec may
+// be shorter than the tensor's rank: the dims it does not reach are replicated (as JAX pads a
+// PartitionSpec with None); a longer one is an error.
 class Sharding {
  public:
   // InvalidArgument for an unknown axis or an axis used twice.
