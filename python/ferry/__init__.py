@@ -10,6 +10,7 @@ import atexit
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -281,6 +282,32 @@ _DLPACK_DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDAHost", 4: "OpenCL", 7: "Vul
                         9: "VPI", 10: "ROCM", 11: "ROCMHost", 13: "CUDAManaged", 14: "OneAPI"}
 
 
+def _check_foreign_dtype(x: Any, where: str) -> None:
+    """An error naming the dtype for a framework's array (JAX, torch) of a dtype ferry lacks
+    (int4, float8_e4m3fnuz...), as numpy arrays get, instead of the DLPack error further down."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or isinstance(x, np.ndarray):
+        return
+    module = type(x).__module__.split(".")[0]
+    framework = {"jaxlib": "jax"}.get(module, module)
+    if type(dtype).__module__ == "torch":
+        try:
+            _dtype_name(dtype)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"{where}: torch dtype {str(dtype).removeprefix('torch.')} has no ferry dtype "
+                f"(ferry has {', '.join(_NUMPY_DTYPES)})") from None
+        return
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError:
+        return  # not a dtype numpy knows: let the buffer or DLPack path say what it can
+    if numpy_dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET and numpy_dtype not in _VIEWED_AS_UINT:
+        raise InvalidArgumentError(
+            f"{where}: {framework} dtype {numpy_dtype} has no ferry dtype (ferry has "
+            f"{', '.join(_NUMPY_DTYPES)})")
+
+
 def _check_dlpack_device(x: Any, where: str) -> None:
     """An error naming the device of a DLPack producer whose memory is not host memory (a CUDA
     torch tensor): ferry imports host (CPU) DLPack tensors only."""
@@ -311,6 +338,7 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
         if x.is_deleted():
             raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
         x = x.to_numpy()  # through the host (device_put copies device to device where it can)
+    _check_foreign_dtype(x, where)
     _check_dlpack_device(x, where)
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
             and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
@@ -328,8 +356,11 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
 
 def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
     """Appends the leaves of a pytree (nested lists, tuples, named tuples and dicts; anything else
-    is a leaf) to `leaves`, in order; returns the function that rebuilds the same structure from an
-    iterator over new leaves."""
+    is a leaf; None is an empty subtree, as in JAX: no leaf, rebuilt as None) to `leaves`, in
+    order; returns the function that rebuilds the same structure from an iterator over new
+    leaves."""
+    if tree is None:
+        return lambda it: None
     if isinstance(tree, dict):
         keys = list(tree)
         builders = [_flatten(tree[key], leaves) for key in keys]
@@ -348,6 +379,8 @@ def _leaf_device_dtypes(tree: Any, dtypes: Any, out: list[Any], path: str) -> No
     one dtype (or None) for the whole subtree, or a pytree of the same structure, its dicts
     matched by key (as JAX matches a prefix tree), never by position."""
     where = f" at {path}" if path else ""
+    if tree is None:
+        return  # an empty subtree: no leaf to give a dtype
     if not isinstance(dtypes, (list, tuple, dict)):
         leaves: list[Any] = []
         _flatten(tree, leaves)
@@ -418,7 +451,8 @@ class Mesh:
 class Sharding:
     """How a tensor is split over a Mesh: one spec entry per tensor dim, each a mesh axis name, a
     tuple of names (split over all of them, major to minor) or None (replicated). Mesh axes no
-    entry names replicate the tensor over them."""
+    entry names replicate the tensor over them. A spec shorter than a tensor's rank is padded with
+    None, as jax.sharding.PartitionSpec is; a longer one is an error."""
 
     def __init__(self, mesh: Mesh, spec: Sequence[str | Sequence[str] | None]):
         if not isinstance(mesh, Mesh):
@@ -723,6 +757,8 @@ def _device_put(x: Any, device: Any, device_dtype: Any, semantics: str, memory_k
     items: list[Any] = []
     rebuild = _flatten(x, items)
     batched = not (len(items) == 1 and items[0] is x)
+    if not items:
+        return rebuild(iter(()))  # None, or a structure of Nones and empty containers
     if tensor_names is not None:
         labels = [f"tensor {name!r}" for name in tensor_names]
     else:
@@ -891,7 +927,8 @@ def make_array_from_process_local_data(
 
 def device_get(x: Any, out: Any = None) -> Any:
     """The data of an Array as numpy, or of every Array in a pytree (nested lists, tuples and
-    dicts), returned in the same structure: every read starts before any wait.
+    dicts; None leaves stay None), returned in the same structure: every read starts before any
+    wait.
 
     `out` reads into the caller's memory instead: a writable numpy array of the array's shape and
     dtype (any strides: a transposed or sliced view is written in place), or a pytree of them
@@ -1352,12 +1389,33 @@ def set_setting(name: str, value: str | int | float | None) -> None:
     The value is checked at once: a bad one raises :class:`InvalidArgumentError` naming the
     variable, an unknown name :class:`NotFoundError`. An empty string makes the setting unset (its
     default applies) whatever the environment says. A client's settings apply to backends started
-    afterwards; ``FERRY_HOST_MEMORY_CACHE_BYTES`` and ``FERRY_CONVERT_KERNELS`` apply at once.
+    afterwards; ``FERRY_HOST_MEMORY_CACHE_BYTES`` and ``FERRY_CONVERT_KERNELS`` apply at once. A
+    setting that a backend reads when it starts, set (or removed) after that backend has started in
+    this process (by the first ``devices()``, ``device_put``...), changes nothing here: a
+    ``RuntimeWarning`` says so.
     """
     if value is None:
         _ferry.clear_setting(name)
     else:
         _ferry.set_setting(name, str(value))
+    backend = _SETTINGS_READ_AT_BACKEND_START.get(name)
+    if backend is not None and _ferry._backend_started(backend):
+        warnings.warn(
+            f"set_setting({name!r}): the {backend} backend has started already and read {name} "
+            f"then; the new value changes nothing in this process (set it before the first call "
+            f"that uses the {backend} backend, such as ferry.devices())",
+            RuntimeWarning, stacklevel=2)
+
+
+# The settings a backend reads once, when it starts in this process (scope "client" in
+# docs/settings.md, and the plugin search path): set later, they change nothing (set_setting warns).
+_SETTINGS_READ_AT_BACKEND_START = {
+    "FERRY_HOST_DEVICES": "host",
+    "FERRY_HOST_MEMORY_LIMIT": "host",
+    "FERRY_OPENCL_LIBRARY": "opencl",
+    "FERRY_PJRT_PLUGIN": "pjrt",
+    "FERRY_PJRT_SEARCH_PATH": "pjrt",
+}
 
 
 ALIGNMENT = 64

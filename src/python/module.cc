@@ -1136,6 +1136,12 @@ NB_MODULE(_ferry, m) {
   m.def("read_into", &ReadInto, nb::arg("arrays"), nb::arg("out"), nb::arg("leaves"),
         nb::arg("overrides"), nb::arg("what"));
   m.def("copy_to_device", &CopyArraysToDevice, nb::arg("arrays"), nb::arg("device").none());
+  m.def("_backend_started", [](const std::string& backend) {
+    ClientRegistry& registry = Registry();
+    ScopedGilRelease unlocked;  // as in GetClient: never the GIL and the mutex at once
+    MutexLock lock(registry.mutex);
+    return registry.clients.contains(backend);
+  });
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);
   m.def("metrics", [] { return MetricsSnapshot(); });

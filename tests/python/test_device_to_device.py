@@ -56,7 +56,8 @@ def test_device_put_of_a_pytree_mixes_copies_and_puts(device):
     rng = np.random.default_rng(SEED)
     w, b = rng.standard_normal((3, 3)).astype(np.float32), rng.integers(0, 5, 4)
     on_device = ferry.device_put(w, device)
-    tree = ferry.device_put({"w": on_device, "b": b}, "host:2")
+    tree = ferry.device_put({"w": on_device, "b": b, "none": None}, "host:2")
+    assert tree["none"] is None
     assert tree["w"].device == ferry.device("host:2") and tree["b"].device == ferry.device("host:2")
     np.testing.assert_array_equal(tree["w"].to_numpy(), w)
     np.testing.assert_array_equal(tree["b"].to_numpy(), b)

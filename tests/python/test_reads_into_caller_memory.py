@@ -55,11 +55,12 @@ def test_device_get_out_reads_the_logical_dtype_of_a_converted_array(device):
 def test_device_get_out_matches_a_pytree_by_key_and_position(device):
     rng = np.random.default_rng(SEED)
     w, b = rng.standard_normal((3, 4)).astype(np.float32), rng.integers(0, 9, 5).astype(np.int32)
-    tree = ferry.device_put({"w": w, "layers": [b]}, device)
-    out = {"layers": [np.zeros(5, np.int32)], "w": np.zeros((3, 4), np.float32)}
+    tree = ferry.device_put({"w": w, "layers": [b, None]}, device)
+    out = {"layers": [np.zeros(5, np.int32), None], "w": np.zeros((3, 4), np.float32)}
     assert ferry.device_get(tree, out=out) is out
     np.testing.assert_array_equal(out["w"], w)
     np.testing.assert_array_equal(out["layers"][0], b)
+    assert out["layers"][1] is None
 
 
 def test_device_get_out_of_a_sharded_array_assembles_into_the_view():
