@@ -799,9 +799,14 @@ HostRead ReadInto(const std::vector<Array*>& arrays, nb::object out,
     done = TransferFromDeviceInto(handles, views);
   }
   if (done.IsReady()) ThrowIfError(done.Await());  // a bad argument: nothing was written
-  // The destinations stay held until every read has finished (released under the GIL, gil.h).
-  done.OnReady([keep_alive = std::move(keep_alive)](const Status&) {});
-  return HostRead{std::move(done), std::move(out)};
+  // The destinations stay held until every read has finished, and are let go of (under the GIL,
+  // gil.h) before the read counts as complete: once wait() returns, ferry holds none of them.
+  Promise<> finished;
+  done.OnReady([keep_alive = std::move(keep_alive), finished](const Status& status) mutable {
+    keep_alive.clear();
+    finished.Set(status);
+  });
+  return HostRead{finished.future(), std::move(out)};
 }
 
 // Device-to-device copies of unsharded arrays onto `device` (runtime CopyToDevice): the logical

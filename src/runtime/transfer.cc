@@ -350,17 +350,20 @@ Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
     const DataPtr& handle = data[i];
     if (dst[i].dtype != handle->device_dtype()) metrics::ConvertedTransfers()->Add();
     Promise<> named;
-    // The callback holds the handle until its read is over, and names the tensor in its error.
+    // The callback holds the handle until its read is over (and lets go of it before the read
+    // counts as complete), and names the tensor in its error.
     handle->ToHost(dst[i]).OnReady(
-        [named, handle, bytes = dst[i].dense_size_bytes()](const Status& status) {
+        [named, held = handle, bytes = dst[i].dense_size_bytes()](const Status& status) mutable {
+          Status result;
           if (status.ok()) {
             metrics::InboundData()->AddSample(static_cast<double>(bytes));
-            named.Set(OkStatus());
-            return;
+          } else {
+            result = Status(status.code(),
+                            fmt::format("reading tensor '{}' from {}: {}", held->name(),
+                                        held->device_name(), std::string(status.message())));
           }
-          named.Set(Status(status.code(),
-                           fmt::format("reading tensor '{}' from {}: {}", handle->name(),
-                                       handle->device_name(), std::string(status.message()))));
+          held.reset();
+          named.Set(std::move(result));
         });
     reads.push_back(named.future());
   }

@@ -110,7 +110,8 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
 // a ready InvalidArgument (or Unimplemented) future, naming the tensor, and no destination byte was
 // written. The caller keeps every destination's memory alive and does not touch it until the
 // future completes; destinations must not overlap one another. The reads hold the handles until
-// they finish, so the caller may drop its own references at once. Never waits on the calling
+// they finish (and no longer once the future has completed), so the caller may drop its own
+// references at once. Never waits on the calling
 // thread: the read of a handle whose put is still running starts once the put has finished.
 Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
                                 absl::Span<const MutableHostView> dst);
