@@ -504,8 +504,9 @@ HostRead.__module__ = "ferry"
 
 
 def _host_read_await(self: HostRead) -> Any:
-    """`await read`: waits in a thread of the running event loop's default executor (the read
-    itself needs no thread), then returns `out` or raises the read's error."""
+    """HostRead.__await__ (defined on the class in module.cc): waits in a thread of the running
+    event loop's default executor (the read itself needs no thread), then returns `out` or raises
+    the read's error."""
     if not self.is_ready():
         import asyncio
 
@@ -519,9 +520,6 @@ def _wait_quietly(read: HostRead) -> None:
         read.wait()
     except Error:
         pass
-
-
-HostRead.__await__ = _host_read_await
 
 
 def _array_copy_to_host_async(self: Array, out: Any = None) -> HostRead | None:

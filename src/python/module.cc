@@ -1090,7 +1090,13 @@ NB_MODULE(_ferry, m) {
           "Whether the read has finished (never blocks).")
       .def("wait", &HostRead::Wait,
            "Waits until the read has finished (without the GIL; Ctrl-C raises "
-           "KeyboardInterrupt and the read carries on), raises its error, and returns `out`.");
+           "KeyboardInterrupt and the read carries on), raises its error, and returns `out`.")
+      // Written in Python (python/ferry/__init__.py, `_host_read_await`).
+      .def(
+          "__await__", [](nb::handle self) { return PythonHelper("_host_read_await")(self); },
+          nb::sig("def __await__(self) -> typing.Generator[typing.Any, None, typing.Any]"),
+          "`await read` in asyncio: waits in the running loop's default executor, then returns "
+          "`out` (or raises the read's error).");
 
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
