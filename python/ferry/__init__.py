@@ -10,6 +10,7 @@ import atexit
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -56,6 +57,7 @@ __all__ = [
     "DataLossError",
     "DeadlineExceededError",
     "FailedPreconditionError",
+    "HostRead",
     "InternalError",
     "InvalidArgumentError",
     "Mesh",
@@ -275,6 +277,56 @@ def _check_movable(x: Any, where: str) -> None:
                 "first (.to_dense())")
 
 
+# DLPack's device types (DLDeviceType), for errors.
+_DLPACK_DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDAHost", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                        9: "VPI", 10: "ROCM", 11: "ROCMHost", 13: "CUDAManaged", 14: "OneAPI"}
+
+
+def _check_foreign_dtype(x: Any, where: str) -> None:
+    """An error naming the dtype for a framework's array (JAX, torch) of a dtype ferry lacks
+    (int4, float8_e4m3fnuz...), as numpy arrays get, instead of the DLPack error further down."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or isinstance(x, np.ndarray):
+        return
+    module = type(x).__module__.split(".")[0]
+    framework = {"jaxlib": "jax"}.get(module, module)
+    if type(dtype).__module__ == "torch":
+        try:
+            _dtype_name(dtype)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"{where}: torch dtype {str(dtype).removeprefix('torch.')} has no ferry dtype "
+                f"(ferry has {', '.join(_NUMPY_DTYPES)})") from None
+        return
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError:
+        return  # not a dtype numpy knows: let the buffer or DLPack path say what it can
+    if numpy_dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET and numpy_dtype not in _VIEWED_AS_UINT:
+        raise InvalidArgumentError(
+            f"{where}: {framework} dtype {numpy_dtype} has no ferry dtype (ferry has "
+            f"{', '.join(_NUMPY_DTYPES)})")
+
+
+def _check_dlpack_device(x: Any, where: str) -> None:
+    """An error naming the device of a DLPack producer whose memory is not host memory (a CUDA
+    torch tensor): ferry imports host (CPU) DLPack tensors only."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__dlpack__"):
+        return
+    get_device = getattr(x, "__dlpack_device__", None)
+    if not callable(get_device):
+        return
+    try:
+        device_type, device_id = get_device()
+    except Exception:  # noqa: BLE001 - a producer that cannot say: the import will
+        return
+    if int(device_type) != _DLPACK_CPU:
+        name = _DLPACK_DEVICE_NAMES.get(int(device_type), f"device type {int(device_type)}")
+        raise InvalidArgumentError(
+            f"{where}: a {type(x).__name__} in {name}:{device_id} memory: ferry imports DLPack "
+            "tensors in host (CPU) memory only; copy it to the host first (torch: .cpu())")
+
+
 def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself.
     `where` names the input in errors ("item 3")."""
@@ -285,7 +337,9 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     if isinstance(x, Array):
         if x.is_deleted():
             raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
-        raise InvalidArgumentError(f"{where}: a ferry.Array: read it with device_get first")
+        x = x.to_numpy()  # through the host (device_put copies device to device where it can)
+    _check_foreign_dtype(x, where)
+    _check_dlpack_device(x, where)
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
             and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
         x = np.asarray(x)  # an object that numpy alone can read
@@ -302,8 +356,11 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
 
 def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
     """Appends the leaves of a pytree (nested lists, tuples, named tuples and dicts; anything else
-    is a leaf) to `leaves`, in order; returns the function that rebuilds the same structure from an
-    iterator over new leaves."""
+    is a leaf; None is an empty subtree, as in JAX: no leaf, rebuilt as None) to `leaves`, in
+    order; returns the function that rebuilds the same structure from an iterator over new
+    leaves."""
+    if tree is None:
+        return lambda it: None
     if isinstance(tree, dict):
         keys = list(tree)
         builders = [_flatten(tree[key], leaves) for key in keys]
@@ -322,6 +379,8 @@ def _leaf_device_dtypes(tree: Any, dtypes: Any, out: list[Any], path: str) -> No
     one dtype (or None) for the whole subtree, or a pytree of the same structure, its dicts
     matched by key (as JAX matches a prefix tree), never by position."""
     where = f" at {path}" if path else ""
+    if tree is None:
+        return  # an empty subtree: no leaf to give a dtype
     if not isinstance(dtypes, (list, tuple, dict)):
         leaves: list[Any] = []
         _flatten(tree, leaves)
@@ -392,7 +451,8 @@ class Mesh:
 class Sharding:
     """How a tensor is split over a Mesh: one spec entry per tensor dim, each a mesh axis name, a
     tuple of names (split over all of them, major to minor) or None (replicated). Mesh axes no
-    entry names replicate the tensor over them."""
+    entry names replicate the tensor over them. A spec shorter than a tensor's rank is padded with
+    None, as jax.sharding.PartitionSpec is; a longer one is an error."""
 
     def __init__(self, mesh: Mesh, spec: Sequence[str | Sequence[str] | None]):
         if not isinstance(mesh, Mesh):
@@ -439,6 +499,35 @@ class Shard:
 
 Array = _ferry.Array
 Array.__module__ = "ferry"
+HostRead = _ferry.HostRead
+HostRead.__module__ = "ferry"
+
+
+def _host_read_await(self: HostRead) -> Any:
+    """HostRead.__await__ (defined on the class in module.cc): waits in a thread of the running
+    event loop's default executor (the read itself needs no thread), then returns `out` or raises
+    the read's error."""
+    if not self.is_ready():
+        import asyncio
+
+        yield from asyncio.get_running_loop().run_in_executor(None, _wait_quietly, self).__await__()
+    return self.wait()
+
+
+def _wait_quietly(read: HostRead) -> None:
+    """Waits for `read` and drops its error (raised by the wait that follows, on the caller)."""
+    try:
+        read.wait()
+    except Error:
+        pass
+
+
+def _array_copy_to_host_async(self: Array, out: Any = None) -> HostRead | None:
+    """Array.copy_to_host_async: see its docstring (module.cc)."""
+    if out is None:
+        self._start_host_copy()
+        return None
+    return _start_read_into(self, out, "copy_to_host_async")
 
 
 def _array_dtype(self: Array) -> np.dtype:
@@ -666,28 +755,62 @@ def _device_put(x: Any, device: Any, device_dtype: Any, semantics: str, memory_k
     items: list[Any] = []
     rebuild = _flatten(x, items)
     batched = not (len(items) == 1 and items[0] is x)
+    if not items:
+        return rebuild(iter(()))  # None, or a structure of Nones and empty containers
     if tensor_names is not None:
         labels = [f"tensor {name!r}" for name in tensor_names]
     else:
         tensor_names = [f"item {index}" for index in range(len(items))] if batched else None
         labels = tensor_names if batched else ["the array"]
-    objects, overrides = [], []
-    for index, item in enumerate(items):
-        obj, override = _prepare(item, labels[index])
-        objects.append(obj)
-        overrides.append(override)
     requested: list[Any] = []
     _leaf_device_dtypes(x, device_dtype, requested, "")
     names = [None if d is None else _dtype_name(d) for d in requested]
-    if isinstance(device, Sharding):
+    target = device if isinstance(device, Sharding) else _resolve_device(device)
+    # ferry.Arrays that can be copied device to device (Buffer::CopyToDevice) are; the others
+    # (sharded, to a Sharding or a memory kind, another device dtype) go through the host.
+    copied = [index for index, item in enumerate(items)
+              if _copies_device_to_device(item, target, names[index], memory_kind, labels[index])]
+    objects, overrides, put_indices = [], [], []
+    for index, item in enumerate(items):
+        if index in copied:
+            continue
+        obj, override = _prepare(item, labels[index])
+        objects.append(obj)
+        overrides.append(override)
+        put_indices.append(index)
+    if isinstance(target, Sharding):
         if batched:
             raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
-        array = _ferry.put_sharded(objects[0], overrides[0], device._sharding, names[0], semantics,
+        array = _ferry.put_sharded(objects[0], overrides[0], target._sharding, names[0], semantics,
                                    memory_kind)
-        return _with_sharding(array, device)
-    arrays = _ferry.put_each(objects, overrides, _resolve_device(device), names, semantics,
-                             memory_kind, tensor_names)
+        return _with_sharding(array, target)
+    arrays: list[Any] = [None] * len(items)
+    if copied:
+        for index, array in zip(copied, _ferry.copy_to_device([items[i] for i in copied], target)):
+            arrays[index] = array
+    if put_indices:
+        put = _ferry.put_each(objects, overrides, target, [names[i] for i in put_indices],
+                              semantics, memory_kind,
+                              None if tensor_names is None else [tensor_names[i] for i in put_indices])
+        for index, array in zip(put_indices, put):
+            arrays[index] = array
     return rebuild(iter(arrays)) if batched else arrays[0]
+
+
+def _copies_device_to_device(item: Any, target: Any, device_dtype: str | None,
+                             memory_kind: str | None, where: str) -> bool:
+    """Whether device_put copies `item` device to device: an unsharded ferry.Array put on one
+    device, in its default memory, storing the same dtype, which the target holds."""
+    if not isinstance(item, Array):
+        return False
+    if item.is_deleted():
+        raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
+    if isinstance(target, Sharding) or item._is_sharded or memory_kind is not None:
+        return False
+    if device_dtype is not None and device_dtype != item.device_dtype:
+        return False
+    target = target if target is not None else _ferry.device("host:0")
+    return item.device_dtype in target.dtypes
 
 
 def _with_sharding(array: Array, sharding: Sharding) -> Array:
@@ -800,9 +923,16 @@ def make_array_from_process_local_data(
     return make_array_from_callback(global_shape, sharding, local_part, dtype=local.dtype)
 
 
-def device_get(x: Any) -> Any:
+def device_get(x: Any, out: Any = None) -> Any:
     """The data of an Array as numpy, or of every Array in a pytree (nested lists, tuples and
-    dicts), returned in the same structure: every read starts before any wait."""
+    dicts; None leaves stay None), returned in the same structure: every read starts before any
+    wait.
+
+    `out` reads into the caller's memory instead: a writable numpy array of the array's shape and
+    dtype (any strides: a transposed or sliced view is written in place), or a pytree of them
+    matching `x` (dicts by key). Everything is checked before any read starts (a bad `out` raises
+    `InvalidArgumentError` naming it, and nothing was written); returns `out`.
+    """
     arrays: list[Any] = []
     rebuild = _flatten(x, arrays)
     batched = not (len(arrays) == 1 and arrays[0] is x)
@@ -811,6 +941,8 @@ def device_get(x: Any) -> Any:
             where = f"item {index} is" if batched else "not"
             raise InvalidArgumentError(
                 f"device_get takes ferry.Array objects ({where} a {type(item).__name__})")
+    if out is not None:
+        return _start_read_into(x, out, "device_get").wait()
     raw = _ferry.get(arrays)
     results = []
     for array, data in zip(arrays, raw):
@@ -819,8 +951,82 @@ def device_get(x: Any) -> Any:
     return rebuild(iter(results)) if batched else results[0]
 
 
+def _pair_out_leaves(tree: Any, out: Any, path: str, pairs: list[tuple[Any, Any, str]],
+                     what: str) -> None:
+    """Appends (array, out leaf, path) for each leaf of `tree`, in _flatten's order, matching `out`
+    by structure (dicts by key, sequences by position)."""
+    if tree is None:
+        if out is not None:
+            raise InvalidArgumentError(f"{what}: out{path} is a {type(out).__name__} where the "
+                                       "input has None")
+        return
+    if isinstance(tree, dict):
+        if not isinstance(out, dict) or set(out) != set(tree):
+            raise InvalidArgumentError(
+                f"{what}: out{path} must be a dict with the input's keys {list(tree)}, not "
+                f"{list(out) if isinstance(out, dict) else type(out).__name__}")
+        for key in tree:
+            _pair_out_leaves(tree[key], out[key], f"{path}[{key!r}]", pairs, what)
+        return
+    if isinstance(tree, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(tree):
+            got = f"{len(out)} entries" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise InvalidArgumentError(
+                f"{what}: out{path} must be a list or tuple of {len(tree)} entries, as the "
+                f"input, not {got}")
+        for index, (item, item_out) in enumerate(zip(tree, out)):
+            _pair_out_leaves(item, item_out, f"{path}[{index}]", pairs, what)
+        return
+    pairs.append((tree, out, path))
+
+
+def _start_read_into(x: Any, out: Any, what: str) -> HostRead:
+    """Checks `out` against the Arrays of `x` and starts reading each into its leaf of `out`."""
+    pairs: list[tuple[Any, Any, str]] = []
+    _pair_out_leaves(x, out, "", pairs, what)
+    arrays, leaves, overrides = [], [], []
+    seen: dict[int, str] = {}
+    for array, leaf, path in pairs:
+        where = f"out{path}"
+        if not isinstance(leaf, np.ndarray):
+            raise InvalidArgumentError(
+                f"{what}: {where} is a {type(leaf).__name__}, not a numpy array")
+        if not leaf.flags.writeable:
+            raise InvalidArgumentError(f"{what}: {where} is read-only")
+        if leaf.shape != array.shape:
+            raise InvalidArgumentError(
+                f"{what}: {where} has shape {leaf.shape}, the array {array.shape}")
+        if leaf.dtype != array.dtype:
+            raise InvalidArgumentError(
+                f"{what}: {where} has dtype {leaf.dtype}, the array {array.dtype}: out must have "
+                "the array's dtype")
+        if id(leaf) in seen:
+            raise InvalidArgumentError(
+                f"{what}: {where} is the same numpy array as out{seen[id(leaf)]}: each array "
+                "needs its own")
+        seen[id(leaf)] = path
+        viewed = _VIEWED_AS_UINT.get(leaf.dtype)
+        arrays.append(array)
+        leaves.append(leaf if viewed is None else leaf.view(viewed[1]))
+        overrides.append(None if viewed is None else viewed[0])
+    return _ferry.read_into(arrays, out, leaves, overrides, what)
+
+
 def from_dlpack(obj: Any, device: Device | str | None = None) -> Array:
-    """Imports a DLPack producer; on the host device it is aliased without a copy."""
+    """Imports a DLPack producer: one in host memory (a CPU torch tensor or JAX array, a numpy
+    array) is put on `device` (default host:0) with semantics "zero_copy", so the host device
+    aliases it without a copy where it can (`Array.is_alias`). A ferry.Array is taken as it is,
+    without a copy (another Array over the same device data), when `device` is None or its own
+    device; for another device it is copied there device to device (as `device_put`).
+    Producers in device memory (a CUDA tensor) raise InvalidArgumentError naming the device."""
+    if isinstance(obj, Array):
+        if obj.is_deleted():
+            raise InvalidArgumentError("from_dlpack: a ferry.Array that has been deleted")
+        target = _resolve_device(device)
+        if target is None or (not obj._is_sharded and target == obj.device):
+            alias = obj._alias()
+            return _with_sharding(alias, obj.sharding) if obj._is_sharded else alias
+        return device_put(obj, target)
     return device_put(obj, device, semantics="zero_copy")
 
 
@@ -1202,12 +1408,33 @@ def set_setting(name: str, value: str | int | float | None) -> None:
     The value is checked at once: a bad one raises :class:`InvalidArgumentError` naming the
     variable, an unknown name :class:`NotFoundError`. An empty string makes the setting unset (its
     default applies) whatever the environment says. A client's settings apply to backends started
-    afterwards; ``FERRY_HOST_MEMORY_CACHE_BYTES`` and ``FERRY_CONVERT_KERNELS`` apply at once.
+    afterwards; ``FERRY_HOST_MEMORY_CACHE_BYTES`` and ``FERRY_CONVERT_KERNELS`` apply at once. A
+    setting that a backend reads when it starts, set (or removed) after that backend has started in
+    this process (by the first ``devices()``, ``device_put``...), changes nothing here: a
+    ``RuntimeWarning`` says so.
     """
     if value is None:
         _ferry.clear_setting(name)
     else:
         _ferry.set_setting(name, str(value))
+    backend = _SETTINGS_READ_AT_BACKEND_START.get(name)
+    if backend is not None and _ferry._backend_started(backend):
+        warnings.warn(
+            f"set_setting({name!r}): the {backend} backend has started already and read {name} "
+            f"then; the new value changes nothing in this process (set it before the first call "
+            f"that uses the {backend} backend, such as ferry.devices())",
+            RuntimeWarning, stacklevel=2)
+
+
+# The settings a backend reads once, when it starts in this process (scope "client" in
+# docs/settings.md, and the plugin search path): set later, they change nothing (set_setting warns).
+_SETTINGS_READ_AT_BACKEND_START = {
+    "FERRY_HOST_DEVICES": "host",
+    "FERRY_HOST_MEMORY_LIMIT": "host",
+    "FERRY_OPENCL_LIBRARY": "opencl",
+    "FERRY_PJRT_PLUGIN": "pjrt",
+    "FERRY_PJRT_SEARCH_PATH": "pjrt",
+}
 
 
 ALIGNMENT = 64

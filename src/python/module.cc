@@ -31,6 +31,7 @@
 #include "ferry/runtime/transfer.h"
 #include "ferry/version.h"
 #include "fmt/format.h"
+#include "fmt/ranges.h"
 #include "src/python/distributed.h"
 #include "src/python/gil.h"
 #include "src/python/numpy_arrays.h"
@@ -331,38 +332,62 @@ class Array {
     // A source truncated under the read fails its handle's Ready() (DataLoss): in `status`.
     ThrowIfError(status);
   }
+  // Appends the reads of the whole array into `dst` (the array's dims; each distinct shard once,
+  // into its part of `dst`) to `handles` and `views`, for TransferFromDeviceInto. `what` names the
+  // call in errors.
+  void AppendReads(const MutableHostView& dst, std::string_view what, std::vector<DataPtr>* handles,
+                   std::vector<MutableHostView>* views) const {
+    CheckAlive();
+    if (!is_fully_addressable()) {
+      throw StatusError{FailedPreconditionError(
+          fmt::format("{}: the array has shards on other processes' devices; read this "
+                      "process's with local_shards()",
+                      what))};
+    }
+    if (dst.dims != dims()) {
+      throw StatusError{InvalidArgumentError(
+          fmt::format("{}: the destination's dims [{}] differ from the array's [{}]", what,
+                      fmt::join(dst.dims, ", "), fmt::join(dims(), ", ")))};
+    }
+    if (!sharded_) {
+      handles->push_back(data_);
+      views->push_back(dst);
+      return;
+    }
+    std::vector<ShardIndex> started;
+    for (size_t i = 0; i < sharded_->shards().size(); ++i) {
+      const DataPtr& shard = sharded_->shards()[i];
+      const ShardIndex& index = sharded_->indices()[i];
+      if (shard == nullptr || std::find(started.begin(), started.end(), index) != started.end()) {
+        continue;  // another process's shard, or a replica of one already read
+      }
+      started.push_back(index);
+      handles->push_back(shard);
+      views->push_back(SubView(dst, index));
+    }
+  }
   // Starts reading the whole array into host memory (each distinct shard once) and returns at
   // once; a no-op when a copy is already under way.
   void StartHostCopy() {
     CheckAlive();
     if (host_copy_ != nullptr) return;
-    if (!is_fully_addressable()) {
-      throw StatusError{FailedPreconditionError(
-          "copy_to_host_async: the array has shards on other processes' devices; read this "
-          "process's with local_shards()")};
-    }
     auto copy = std::make_shared<HostCopy>();
     const DType logical = sharded_ ? sharded_->logical_dtype() : data_->logical_dtype();
     copy->tensor = ValueOrThrow(HostTensor::Allocate(logical, dims()));
-    const MutableHostView whole = copy->tensor.mutable_view();
-    std::vector<Future<>> reads;
-    if (!sharded_) {
-      reads.push_back(data_->ToHost(whole));
-    } else {
-      std::vector<ShardIndex> started;
-      for (size_t i = 0; i < sharded_->shards().size(); ++i) {
-        const DataPtr& shard = sharded_->shards()[i];
-        const ShardIndex& index = sharded_->indices()[i];
-        if (shard == nullptr || std::find(started.begin(), started.end(), index) != started.end()) {
-          continue;  // another process's shard, or a replica of one already read
-        }
-        started.push_back(index);
-        reads.push_back(shard->ToHost(SubView(whole, index)));
-      }
-    }
-    copy->done = JoinFutures(reads);
+    std::vector<DataPtr> handles;
+    std::vector<MutableHostView> views;
+    AppendReads(copy->tensor.mutable_view(), "copy_to_host_async", &handles, &views);
+    copy->done = TransferFromDeviceInto(handles, views);
     copy->done.OnReady([copy](const Status&) {});  // keeps the tensor until the reads are over
     host_copy_ = std::move(copy);
+  }
+  // Another Array over the same device data (from_dlpack of an Array): no copy; each Array's
+  // delete() drops only its own reference.
+  Array Alias() const {
+    CheckAlive();
+    Array alias = sharded_ ? Array(sharded_) : Array(data_);
+    alias.read_only_alias_ = read_only_alias_;
+    return alias;
   }
   // The copy started by StartHostCopy, handed over (nullptr when none was started).
   std::shared_ptr<HostCopy> TakeHostCopy() { return std::move(host_copy_); }
@@ -726,6 +751,98 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
   return results;
 }
 
+// A read into the caller's memory in flight (device_get(out=), copy_to_host_async(out=)). The reads
+// hold the destinations' buffers (and so the objects) and the device data until they have
+// finished, even when this object is gone first.
+struct HostRead {
+  Future<> done;
+  nb::object out;
+
+  // Waits without the GIL (interruptibly), raises the reads' error, returns `out`.
+  nb::object Wait() const {
+    ApiScope api;
+    WaitInterruptibly(done);
+    ThrowIfError(done.Await());
+    return out;
+  }
+};
+
+// Starts reading arrays[i] into leaves[i] (writable buffers of the array's dims; `overrides` as
+// for puts) and returns at once; `out` is what HostRead::Wait returns. Every argument is checked
+// before any read starts: a bad one raises, and nothing was written.
+HostRead ReadInto(const std::vector<Array*>& arrays, nb::object out,
+                  const std::vector<nb::object>& leaves,
+                  const std::vector<std::optional<std::string>>& overrides,
+                  const std::string& what) {
+  ApiScope api;
+  if (arrays.size() != leaves.size()) {
+    throw StatusError{InvalidArgumentError(
+        fmt::format("{}: {} destinations for {} arrays", what, leaves.size(), arrays.size()))};
+  }
+  std::vector<std::shared_ptr<const void>> keep_alive(arrays.size());
+  std::vector<DataPtr> handles;
+  std::vector<MutableHostView> views;
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    if (arrays[i] == nullptr) {
+      throw StatusError{InvalidArgumentError(fmt::format("{}: None is not an Array", what))};
+    }
+    std::optional<DType> override_dtype;
+    if (i < overrides.size() && overrides[i].has_value()) {
+      override_dtype = ParseDType(*overrides[i]);
+    }
+    const std::string name = arrays.size() == 1 ? "out" : fmt::format("out item {}", i);
+    const MutableHostView view = ValueOrThrow(WritableViewFromPython(
+        leaves[i], override_dtype, fmt::format("{}: {}", what, name), &keep_alive[i]));
+    arrays[i]->AppendReads(view, fmt::format("{}: {}", what, name), &handles, &views);
+  }
+  Future<> done;
+  {
+    // Starting a read may copy a small one on this thread.
+    ScopedGilRelease unlocked;
+    done = TransferFromDeviceInto(handles, views);
+  }
+  if (done.IsReady()) ThrowIfError(done.Await());  // a bad argument: nothing was written
+  // The destinations stay held until every read has finished, and are let go of (under the GIL,
+  // gil.h) before the read counts as complete: once wait() returns, ferry holds none of them.
+  Promise<> finished;
+  done.OnReady([keep_alive = std::move(keep_alive), finished](const Status& status) mutable {
+    keep_alive.clear();
+    finished.Set(status);
+  });
+  return HostRead{finished.future(), std::move(out)};
+}
+
+// Device-to-device copies of unsharded arrays onto `device` (runtime CopyToDevice): the logical
+// and device dtypes kept.
+std::vector<Array> CopyArraysToDevice(const std::vector<Array*>& arrays, Device* device) {
+  ApiScope api;
+  if (device == nullptr) device = DeviceByName("host:0");
+  CheckDeviceUsable(device);
+  std::vector<DataPtr> handles;
+  for (const Array* array : arrays) {
+    if (array == nullptr) {
+      throw StatusError{InvalidArgumentError("device_put: None is not an Array")};
+    }
+    array->CheckAlive();
+    if (array->sharded()) {
+      throw StatusError{
+          InvalidArgumentError("device_put: a sharded array is copied through the "
+                               "host, not device to device")};
+    }
+    handles.push_back(array->data());
+  }
+  StatusOr<std::vector<DataPtr>> copies;
+  {
+    ScopedGilRelease
+        unlocked;  // may wait for the puts into the originals and read through the host
+    copies = CopyToDevice(handles, device);
+    handles.clear();
+  }
+  std::vector<Array> result;
+  for (DataPtr& copy : ValueOrThrow(std::move(copies))) result.emplace_back(std::move(copy));
+  return result;
+}
+
 std::vector<Device*> Devices(std::optional<std::string> backend) {
   ApiScope api;
   std::vector<Device*> devices;
@@ -863,9 +980,21 @@ NB_MODULE(_ferry, m) {
           "Whether the device memory is the source's own memory (a zero_copy put the host device "
           "could alias: same dtype, dense, 64-byte aligned; see ferry.empty). False when it "
           "copied, as zero_copy does whenever aliasing is impossible.")
-      .def("copy_to_host_async", &Array::StartHostCopy,
-           "Starts reading the data into host memory and returns at once: the next to_numpy() "
-           "(or device_get) takes what was read, without starting the reads again.")
+      .def("_start_host_copy", &Array::StartHostCopy)
+      .def("_alias", &Array::Alias)
+      .def(
+          "copy_to_host_async",
+          [](nb::handle self, nb::object out) {
+            return PythonHelper("_array_copy_to_host_async")(self, out);
+          },
+          nb::arg("out").none() = nb::none(),
+          nb::sig("def copy_to_host_async(self, out: numpy.typing.NDArray[typing.Any] | None = "
+                  "None) -> ferry.HostRead | None"),
+          "Starts reading the data into host memory and returns at once. Without `out`: the next "
+          "to_numpy() (or device_get) takes what was read, without starting the reads again; "
+          "returns None. With `out` (a writable numpy array of the array's shape and dtype, any "
+          "strides): the data is read straight into it; returns a ferry.HostRead (wait() or "
+          "await it), which keeps `out` alive until the read is over.")
       .def(
           "__reduce__",
           [](nb::handle self) {
@@ -959,6 +1088,26 @@ NB_MODULE(_ferry, m) {
            "(1, 0) for arrays in host-addressable memory, (2, ordinal) in a CUDA plugin's "
            "memory, (10, ordinal) in a ROCm plugin's.");
 
+  nb::class_<HostRead>(m, "HostRead",
+                       "A read into the caller's memory in flight (Array.copy_to_host_async(out=), "
+                       "made by device_get(out=) too): it holds the destination until the read is "
+                       "over, even when this object is dropped first.")
+      .def_prop_ro(
+          "out", [](const HostRead& read) { return read.out; },
+          "What the read writes into: the `out` it was given.")
+      .def(
+          "is_ready", [](const HostRead& read) { return read.done.IsReady(); },
+          "Whether the read has finished (never blocks).")
+      .def("wait", &HostRead::Wait,
+           "Waits until the read has finished (without the GIL; Ctrl-C raises "
+           "KeyboardInterrupt and the read carries on), raises its error, and returns `out`.")
+      // Written in Python (python/ferry/__init__.py, `_host_read_await`).
+      .def(
+          "__await__", [](nb::handle self) { return PythonHelper("_host_read_await")(self); },
+          nb::sig("def __await__(self) -> typing.Generator[typing.Any, None, typing.Any]"),
+          "`await read` in asyncio: waits in the running loop's default executor, then returns "
+          "`out` (or raises the read's error).");
+
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
            [](Mesh* self, std::vector<Device*> devices, std::vector<int64_t> shape,
@@ -1005,6 +1154,15 @@ NB_MODULE(_ferry, m) {
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
         nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
   m.def("get", &Get, nb::arg("arrays"));
+  m.def("read_into", &ReadInto, nb::arg("arrays"), nb::arg("out"), nb::arg("leaves"),
+        nb::arg("overrides"), nb::arg("what"));
+  m.def("copy_to_device", &CopyArraysToDevice, nb::arg("arrays"), nb::arg("device").none());
+  m.def("_backend_started", [](const std::string& backend) {
+    ClientRegistry& registry = Registry();
+    ScopedGilRelease unlocked;  // as in GetClient: never the GIL and the mutex at once
+    MutexLock lock(registry.mutex);
+    return registry.clients.contains(backend);
+  });
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);
   m.def("metrics", [] { return MetricsSnapshot(); });

@@ -113,6 +113,43 @@ StatusOr<DType> DTypeFromBufferFormat(std::string_view format, int64_t itemsize,
   return dtype;
 }
 
+StatusOr<MutableHostView> WritableViewFromPython(nb::handle object,
+                                                 std::optional<DType> dtype_override,
+                                                 std::string_view name,
+                                                 std::shared_ptr<const void>* keep_alive) {
+  auto held = std::make_unique<HeldBuffer>();
+  if (!PyObject_CheckBuffer(object.ptr()) ||
+      PyObject_GetBuffer(object.ptr(), &held->view, PyBUF_RECORDS) != 0) {
+    PyErr_Clear();
+    return InvalidArgumentError(
+        fmt::format("{}: a {} is not writable memory with a buffer (a writable numpy array)", name,
+                    nb::type_name(object.type()).c_str()));
+  }
+  held->acquired = true;
+  const Py_buffer& buffer = held->view;
+  bool big_endian = false;
+  FERRY_ASSIGN_OR_RETURN(DType dtype, DTypeFromBufferFormat(buffer.format ? buffer.format : "B",
+                                                            buffer.itemsize, &big_endian));
+  if (big_endian) {
+    return InvalidArgumentError(
+        fmt::format("{}: big-endian memory; ferry writes in the host's byte order", name));
+  }
+  Dims dims(buffer.shape, buffer.shape + buffer.ndim);
+  Dims strides = buffer.strides ? Dims(buffer.strides, buffer.strides + buffer.ndim)
+                                : RowMajorByteStrides(dims, buffer.itemsize);
+  MutableHostView view(buffer.buf, dtype, std::move(dims), std::move(strides));
+  if (dtype_override.has_value()) {
+    if (DTypeSize(*dtype_override) != DTypeSize(view.dtype)) {
+      return InvalidArgumentError(fmt::format("{}: cannot write {} elements as {}", name,
+                                              DTypeName(view.dtype), DTypeName(*dtype_override)));
+    }
+    view.dtype = *dtype_override;
+  }
+  FERRY_RETURN_IF_ERROR(view.ComputeAddressedBytes(name).status());
+  *keep_alive = MakeKeepAlive(std::move(held));
+  return view;
+}
+
 StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object,
                                                                std::optional<DType> dtype_override,
                                                                std::string name, bool* read_only) {

@@ -27,6 +27,17 @@ StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nanobind::handle 
                                                                std::string name,
                                                                bool* read_only = nullptr);
 
+// Requires the GIL. A writable view of `object`'s memory, through the buffer protocol with its real
+// byte strides (a numpy array to read a device array into: device_get(out=)). `dtype_override`
+// reinterprets the elements as in SourceFromPython. `keep_alive` receives what holds the buffer
+// (and so the object) until the last copy of it is dropped, on any thread (released under the
+// GIL). InvalidArgument naming `name` for an object without a writable strided buffer, a dtype
+// ferry lacks, or big-endian memory.
+StatusOr<MutableHostView> WritableViewFromPython(nanobind::handle object,
+                                                 std::optional<DType> dtype_override,
+                                                 std::string_view name,
+                                                 std::shared_ptr<const void>* keep_alive);
+
 // The dtype of a Python buffer-protocol format string ("f", "<d", "Zf", "?", ">i4"), or
 // InvalidArgument. `big_endian` (optional) is set when the format says '>' or '!' (ferry reads
 // such buffers as byte-swapped views; this machine is little-endian).

@@ -98,10 +98,11 @@ StatusOr<Sharding> Sharding::Create(Mesh mesh, std::vector<std::vector<std::stri
 
 StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
     absl::Span<const int64_t> global_dims) const {
-  if (global_dims.size() != spec_.size()) {
+  if (global_dims.size() < spec_.size()) {
     return InvalidArgumentError(
-        fmt::format("sharding spec has {} entries but the tensor has rank {}", spec_.size(),
-                    global_dims.size()));
+        fmt::format("sharding spec has {} entries but the tensor has rank {} (a spec may be "
+                    "shorter than the rank, its missing dims replicated, never longer)",
+                    spec_.size(), global_dims.size()));
   }
   std::vector<ShardIndex> indices;
   indices.reserve(mesh_.size());
@@ -113,9 +114,11 @@ StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
       if (n < 0) return InvalidArgumentError(fmt::format("dim {} is negative ({})", dim, n));
       int64_t ways = 1;
       int64_t shard = 0;
-      for (int axis : spec_axes_[dim]) {  // major to minor
-        shard = shard * mesh_.shape()[axis] + coordinates[axis];
-        ways *= mesh_.shape()[axis];
+      if (dim < spec_axes_.size()) {        // dims past the spec's end are replicated
+        for (int axis : spec_axes_[dim]) {  // major to minor
+          shard = shard * mesh_.shape()[axis] + coordinates[axis];
+          ways *= mesh_.shape()[axis];
+        }
       }
       const int64_t chunk = (n + ways - 1) / ways;
       const int64_t begin = std::min(shard * chunk, n);
@@ -323,8 +326,11 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
   return shards;
 }
 
-StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
-  // Every part of the tensor must have a replica here before any memory is allocated.
+namespace {
+
+// OK when every part of the tensor has a replica on this process's devices; else
+// FailedPrecondition naming the first part that lives only on another process's.
+Status CheckAssemblableHere(const ShardedData& data) {
   for (size_t i = 0; i < data.shards().size(); ++i) {
     if (data.shards()[i] != nullptr) continue;
     const ShardIndex& index = data.indices()[i];
@@ -343,6 +349,14 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
           distributed::NameInJob(*data.sharding().mesh().devices()[i])));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
+  // Every part of the tensor must have a replica here before any memory is allocated.
+  FERRY_RETURN_IF_ERROR(CheckAssemblableHere(data));
   ScopedTimer timer(metrics::TransferFromDeviceTime());
   // Owns `whole`: every read writes into it, and none may outlive it, whatever path returns.
   internal::PendingReads pending;
@@ -374,6 +388,30 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
   HostTensor whole = std::move(pending.TakeTensors().front());
   metrics::InboundData()->AddSample(static_cast<double>(whole.size_bytes()));
   return whole;
+}
+
+Future<> AssembleShardsInto(const ShardedData& data, const MutableHostView& dst) {
+  if (Status here = CheckAssemblableHere(data); !here.ok()) return Future<>::Ready(here);
+  if (dst.dims != data.global_dims()) {
+    return Future<>::Ready(InvalidArgumentError(
+        fmt::format("AssembleShardsInto: destination dims [{}] differ from the tensor's [{}]",
+                    fmt::join(dst.dims, ","), fmt::join(data.global_dims(), ","))));
+  }
+  if (Status valid = dst.ComputeAddressedBytes("destination").status(); !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  std::vector<DataPtr> shards;
+  std::vector<MutableHostView> parts;
+  std::vector<ShardIndex> done;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
+    const ShardIndex& index = data.indices()[i];
+    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
+    done.push_back(index);
+    shards.push_back(data.shards()[i]);
+    parts.push_back(SubView(dst, index));
+  }
+  return TransferFromDeviceInto(shards, parts);
 }
 
 }  // namespace ferry

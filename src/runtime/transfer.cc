@@ -325,6 +325,87 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
   return tensors;
 }
 
+Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
+                                absl::Span<const MutableHostView> dst) {
+  if (data.size() != dst.size()) {
+    return Future<>::Ready(InvalidArgumentError(fmt::format(
+        "TransferFromDeviceInto: {} destinations for {} data handles", dst.size(), data.size())));
+  }
+  // Everything is checked before the first read starts: a bad argument writes nothing.
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] == nullptr) {
+      return Future<>::Ready(
+          InvalidArgumentError(fmt::format("TransferFromDeviceInto: data handle {} is null", i)));
+    }
+    const Data& handle = *data[i];
+    if (Status valid = CheckToHostArgs(handle.dims(), handle.device_dtype(), dst[i]); !valid.ok()) {
+      return Future<>::Ready(
+          Status(valid.code(), fmt::format("reading tensor '{}' from {}: {}", handle.name(),
+                                           handle.device_name(), std::string(valid.message()))));
+    }
+  }
+  std::vector<Future<>> reads;
+  reads.reserve(data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    const DataPtr& handle = data[i];
+    if (dst[i].dtype != handle->device_dtype()) metrics::ConvertedTransfers()->Add();
+    Promise<> named;
+    // The callback holds the handle until its read is over (and lets go of it before the read
+    // counts as complete), and names the tensor in its error.
+    handle->ToHost(dst[i]).OnReady(
+        [named, held = handle, bytes = dst[i].dense_size_bytes()](const Status& status) mutable {
+          Status result;
+          if (status.ok()) {
+            metrics::InboundData()->AddSample(static_cast<double>(bytes));
+          } else {
+            result = Status(status.code(),
+                            fmt::format("reading tensor '{}' from {}: {}", held->name(),
+                                        held->device_name(), std::string(status.message())));
+          }
+          held.reset();
+          named.Set(std::move(result));
+        });
+    reads.push_back(named.future());
+  }
+  return JoinFutures(reads);
+}
+
+StatusOr<std::vector<DataPtr>> CopyToDevice(absl::Span<const DataPtr> data, Device* target) {
+  if (target == nullptr) return InvalidArgumentError("CopyToDevice: no target device");
+  if (!target->is_addressable()) {
+    return InvalidArgumentError(fmt::format(
+        "CopyToDevice: {} is another process's device; a process copies to its own only",
+        target->name()));
+  }
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (data[i] == nullptr) {
+      return InvalidArgumentError(fmt::format("CopyToDevice: data handle {} is null", i));
+    }
+    if (!target->capabilities().Holds(data[i]->device_dtype())) {
+      return InvalidArgumentError(fmt::format(
+          "tensor '{}': {} cannot hold {}, the dtype {} stores it in: put the data again, in a "
+          "dtype the device holds",
+          data[i]->name(), target->name(), DTypeName(data[i]->device_dtype()),
+          data[i]->device_name()));
+    }
+  }
+  std::vector<DataPtr> copies;
+  copies.reserve(data.size());
+  for (const DataPtr& handle : data) {
+    StatusOr<std::unique_ptr<Buffer>> copy = handle->buffer().CopyToDevice(target);
+    if (!copy.ok()) {
+      return Status(
+          copy.status().code(),
+          fmt::format("copying tensor '{}' from {} to {}: {}", handle->name(),
+                      handle->device_name(), target->name(), std::string(copy.status().message())));
+    }
+    // A copy is only as good as what it copies: its Ready() waits for the original's too.
+    copies.push_back(std::make_shared<Data>(*std::move(copy), handle->logical_dtype(),
+                                            handle->name(), handle->Ready()));
+  }
+  return copies;
+}
+
 Status AwaitReady(absl::Span<const DataPtr> data) {
   Status first_error;
   for (const DataPtr& handle : data) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "conformance_suite.h"
+#include "ferry/runtime/transfer.h"
 
 namespace ferry::conformance {
 namespace {
@@ -60,6 +61,66 @@ TEST_P(ConformancePartial, PartialReadsOutsideTheBufferAreInvalidArgument) {
   const std::optional<Status> null_dst = AwaitFor(buffer->CopyRawToHost(0, 4, nullptr));
   ASSERT_TRUE(null_dst.has_value());
   EXPECT_EQ(null_dst->code(), absl::StatusCode::kInvalidArgument) << *null_dst;
+}
+
+// The runtime's CopyToDevice (Python's device_put of an Array): each copy keeps its handle's dims,
+// logical dtype, device dtype and name, reads back as the original did once the original is gone,
+// and a target that cannot hold the device dtype is refused, naming the tensor, before any copy.
+TEST_P(ConformancePartial, CopyDataToDeviceKeepsLogicalDTypeAndName) {
+  if (!Holds({DType::kF32})) return;
+  std::unique_ptr<Client> two_devices;
+  if (backend().honours_num_devices_option) {
+    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
+  }
+  Client& owner = two_devices != nullptr ? *two_devices : client();
+  Device* target = owner.devices().back();
+  const Dims dims = {9, 7};
+  HostBytes f64 = RandomDenseTensor(rng(), DType::kF64, dims);
+  HostBytes s16 = RandomDenseTensor(rng(), DType::kS16, {5});
+  auto borrow = [](const HostBytes& bytes, DType dtype, const Dims& shape, std::string name) {
+    return TensorSource::Borrow(HostView::Dense(bytes.data(), dtype, shape), bytes.data(),
+                                bytes.size(), nullptr, std::move(name))
+        .value();
+  };
+  const std::vector<std::shared_ptr<const TensorSource>> sources = {
+      borrow(f64, DType::kF64, dims, "weights"), borrow(s16, DType::kS16, {5}, "ids")};
+  TransferToDeviceOptions options;
+  options.device_dtypes = {DType::kF32, std::nullopt};
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<DataPtr> originals,
+                          TransferToDevice(sources, owner.devices()[0], options));
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<HostTensor> expected, TransferFromDevice(originals));
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<DataPtr> copies, CopyToDevice(originals, target));
+  ASSERT_EQ(copies.size(), 2u);
+  for (size_t i = 0; i < copies.size(); ++i) {
+    EXPECT_EQ(copies[i]->device(), target);
+    EXPECT_EQ(copies[i]->dims(), originals[i]->dims());
+    EXPECT_EQ(copies[i]->logical_dtype(), originals[i]->logical_dtype());
+    EXPECT_EQ(copies[i]->device_dtype(), originals[i]->device_dtype());
+    EXPECT_EQ(copies[i]->name(), originals[i]->name());
+  }
+  originals.clear();
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<HostTensor> actual, TransferFromDevice(copies));
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_EQ(actual[i].dtype(), expected[i].dtype());
+    EXPECT_TRUE(
+        BytesEqual(absl::MakeConstSpan(static_cast<const std::byte*>(expected[i].view().data),
+                                       static_cast<size_t>(expected[i].size_bytes())),
+                   absl::MakeConstSpan(static_cast<const std::byte*>(actual[i].view().data),
+                                       static_cast<size_t>(actual[i].size_bytes()))));
+  }
+  // A device that cannot hold the stored dtype: refused, naming the tensor and the dtype.
+  ClientOptions no_f64;
+  no_f64.capabilities = DeviceCapabilities::No64BitFloats();
+  auto narrow = CreateClient("host", no_f64);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  if (!Holds({DType::kF64})) return;
+  HostBytes wide = RandomDenseTensor(rng(), DType::kF64, {4});
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<DataPtr> stored_f64,
+                          TransferToDevice({borrow(wide, DType::kF64, {4}, "wide")}, device()));
+  const StatusOr<std::vector<DataPtr>> refused = CopyToDevice(stored_f64, (*narrow)->devices()[0]);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find("'wide'"), std::string_view::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("float64"), std::string_view::npos) << refused.status();
 }
 
 // A copy to another device (or the same one, where the backend has one device) has the same dims,

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "conformance_suite.h"
+#include "ferry/runtime/transfer.h"
 
 namespace ferry::conformance {
 namespace {
@@ -213,6 +214,107 @@ TEST_P(ConformanceStrided, RandomStridedDestinationsMatchNaiveReference) {
                                         &device_bytes));
     ASSERT_NO_FATAL_FAILURE(ReadIntoStridedAndCheck(*buffer, device_bytes, dst_dtype));
   }
+}
+
+// TransferFromDeviceInto: a batch of handles read into the caller's own random strided views, of
+// the logical dtype or another one, with no intermediate copy; the reads hold the handles, so the
+// caller drops its references before it waits.
+TEST_P(ConformanceStrided, TransferFromDeviceIntoFillsCallerStridedViews) {
+  constexpr int kBatches = 12;
+  for (int batch = 0; batch < kBatches; ++batch) {
+    SCOPED_TRACE(absl::StrFormat("batch %d", batch));
+    const int count = 1 + static_cast<int>(rng()() % 5);
+    std::vector<DataPtr> handles;
+    std::vector<HostBytes> sources;  // a zero-copy buffer aliases its source for its life
+    std::vector<Layout> destinations;
+    std::vector<MutableHostView> views;
+    std::vector<std::vector<std::byte>> expected;
+    for (int k = 0; k < count; ++k) {
+      const std::vector<int64_t> dims = RandomDims(rng());
+      const DType device_dtype = RandomDType(rng());
+      if (!device()->capabilities().Holds(device_dtype)) continue;
+      const DType dst_dtype = RandomConvertibleDType(rng(), device_dtype, nullptr);
+      HostBytes src = RandomDenseTensor(rng(), device_dtype, dims);
+      std::unique_ptr<Buffer> buffer;
+      std::vector<std::byte> device_bytes;
+      ASSERT_NO_FATAL_FAILURE(PutAndCheck(HostView::Dense(src.data(), device_dtype, dims),
+                                          device_dtype, RandomSemantics(rng()), &buffer,
+                                          &device_bytes));
+      Layout dst = MakeRandomLayout(rng(), dims, dst_dtype, LayoutOptions{}, DType::kU8);
+      std::vector<std::byte> want = dst.memory.ToVector();
+      const int64_t device_size = DTypeSize(device_dtype);
+      int64_t i = 0;
+      ForEachIndex(dst.dims, [&](absl::Span<const int64_t> index) {
+        const int64_t offset = (dst.data - dst.memory.data()) + ByteOffset(index, dst.byte_strides);
+        ConvertOneElement(device_dtype, device_bytes.data() + device_size * i++, dst_dtype,
+                          want.data() + offset);
+      });
+      handles.push_back(
+          std::make_shared<Data>(std::move(buffer), device_dtype, absl::StrFormat("tensor %d", k)));
+      sources.push_back(std::move(src));
+      views.push_back(DestinationView(dst, dst_dtype));
+      destinations.push_back(std::move(dst));
+      expected.push_back(std::move(want));
+    }
+    Future<> read = TransferFromDeviceInto(handles, views);
+    handles.clear();  // the reads hold what they read
+    CT_ASSERT_READY_OK(read);
+    for (size_t k = 0; k < destinations.size(); ++k) {
+      SCOPED_TRACE("destination " + std::to_string(k) + ": " +
+                   Describe(views[k].dtype, views[k].dims, views[k].byte_strides));
+      EXPECT_TRUE(BytesEqual(expected[k], destinations[k].memory.span()));
+    }
+  }
+}
+
+// TransferFromDeviceInto checks every destination before it starts any read: one bad destination
+// in a batch fails the whole call, names its tensor, and leaves every destination unwritten.
+TEST_P(ConformanceStrided, TransferFromDeviceIntoWritesNothingWhenADestinationIsBad) {
+  if (!Holds({DType::kF32})) return;
+  const std::vector<int64_t> dims = {6, 5};
+  std::vector<DataPtr> handles;
+  for (int k = 0; k < 3; ++k) {
+    HostBytes src = RandomDenseTensor(rng(), DType::kF32, dims);
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer,
+                            client().BufferFromHostBuffer(
+                                HostView::Dense(src.data(), DType::kF32, dims), DType::kF32,
+                                device(), HostBufferSemantics::kImmutableOnlyDuringCall, nullptr));
+    handles.push_back(
+        std::make_shared<Data>(std::move(buffer), DType::kF32, absl::StrFormat("tensor %d", k)));
+  }
+  struct BadCase {
+    std::string what;
+    Dims dims;
+    DType dtype;
+    absl::StatusCode code;
+  };
+  const BadCase cases[] = {
+      {"other dims", {5, 6}, DType::kF32, absl::StatusCode::kInvalidArgument},
+      {"an inconvertible dtype", {6, 5}, DType::kF8E4M3FN, absl::StatusCode::kUnimplemented},
+  };
+  for (const BadCase& bad : cases) {
+    SCOPED_TRACE(bad.what);
+    std::vector<HostBytes> memory;
+    std::vector<MutableHostView> views;
+    for (int k = 0; k < 3; ++k) {
+      memory.emplace_back(4 * 30);
+      FillRandom(rng(), DType::kU8, memory.back().span());
+      views.push_back(k == 2 ? MutableHostView::Dense(memory.back().data(), bad.dtype, bad.dims)
+                             : MutableHostView::Dense(memory.back().data(), DType::kF32, dims));
+    }
+    std::vector<std::vector<std::byte>> before;
+    for (const HostBytes& each : memory) before.push_back(each.ToVector());
+    const std::optional<Status> status = AwaitFor(TransferFromDeviceInto(handles, views));
+    ASSERT_TRUE(status.has_value()) << "TransferFromDeviceInto never completed";
+    EXPECT_EQ(status->code(), bad.code) << *status;
+    EXPECT_NE(status->message().find("tensor 2"), std::string_view::npos) << *status;
+    for (size_t k = 0; k < memory.size(); ++k) {
+      EXPECT_TRUE(BytesEqual(before[k], memory[k].span())) << "destination " << k << " written";
+    }
+  }
+  const std::optional<Status> count = AwaitFor(TransferFromDeviceInto(handles, {}));
+  ASSERT_TRUE(count.has_value());
+  EXPECT_EQ(count->code(), absl::StatusCode::kInvalidArgument) << *count;
 }
 
 // The named stride patterns, each on its own, over a few dtype pairs.

@@ -22,8 +22,20 @@ def test_mesh_and_sharding_errors_are_invalid_argument():
         ferry.Sharding(mesh, ("z", None))
     with pytest.raises(ferry.InvalidArgumentError):
         ferry.Sharding(mesh, ("x", ("y", "x")))
-    with pytest.raises(ferry.InvalidArgumentError, match="rank"):
-        ferry.device_put(np.zeros((2, 2, 2)), ferry.Sharding(mesh, ("x", "y")))
+    with pytest.raises(ferry.InvalidArgumentError, match="rank 1"):
+        ferry.device_put(np.zeros(2), ferry.Sharding(mesh, ("x", "y")))  # longer than the rank
+
+
+def test_short_specs_are_padded_with_none_as_jax_does():
+    mesh = ferry.Mesh(host_devices(4), (2, 2), ("x", "y"))
+    x = np.arange(4 * 6 * 2, dtype=np.float32).reshape(4, 6, 2)
+    short = ferry.device_put(x, ferry.Sharding(mesh, ("x",)))
+    padded = ferry.Sharding(mesh, ("x", None, None))
+    assert ferry.Sharding(mesh, ("x",)).shard_indices(x.shape) == padded.shard_indices(x.shape)
+    assert [s.index for s in short.local_shards()][2] == (slice(2, 4), slice(0, 6), slice(0, 2))
+    np.testing.assert_array_equal(ferry.device_get(short), x)
+    # The spec keeps what was given, as jax.sharding.PartitionSpec does.
+    assert short.sharding.spec == ("x",)
 
 
 def test_uneven_shards_and_local_shards_in_mesh_order():

@@ -55,7 +55,53 @@ TEST_F(ShardingTest, InvalidMeshesAndSpecsAreInvalidArgument) {
   EXPECT_EQ(Sharding::Create(mesh, {{"x"}, {"x"}}).status().code(),
             absl::StatusCode::kInvalidArgument);
   Sharding sharding = Sharding::Create(mesh, {{"x"}, {"y"}}).value();
-  EXPECT_EQ(sharding.ShardIndices({4, 4, 4}).status().code(), absl::StatusCode::kInvalidArgument);
+  // A spec longer than the rank (a shorter one is padded: below).
+  auto longer = sharding.ShardIndices({4});
+  EXPECT_EQ(longer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(longer.status().message()), HasSubstr("rank 1"));
+}
+
+// As JAX pads a PartitionSpec with None: the dims a short spec does not reach are replicated.
+TEST_F(ShardingTest, ShortSpecsReplicateTheDimsTheyDoNotReach) {
+  Mesh mesh = Mesh::Create(Devices(4), {2, 2}, {"x", "y"}).value();
+  Sharding short_spec = Sharding::Create(mesh, {{"x"}}).value();
+  Sharding padded = Sharding::Create(mesh, {{"x"}, {}, {}}).value();
+  auto indices = short_spec.ShardIndices({4, 6, 2}).value();
+  EXPECT_EQ(indices, padded.ShardIndices({4, 6, 2}).value());
+  EXPECT_EQ(indices[2], (ShardIndex{{2, 4}, {0, 6}, {0, 2}}));  // x=1, y=0
+  Sharding empty_spec = Sharding::Create(mesh, {}).value();
+  const std::vector<ShardIndex> replicated = empty_spec.ShardIndices({3, 5}).value();
+  ASSERT_EQ(replicated.size(), 4u);
+  for (const ShardIndex& index : replicated) {
+    EXPECT_EQ(index, (ShardIndex{{0, 3}, {0, 5}}));
+  }
+}
+
+// AssembleShardsInto: every distinct shard read straight into its part of the caller's strided
+// (here transposed) view of the whole; a view of other dims is refused before any read.
+TEST_F(ShardingTest, AssembleShardsIntoFillsACallerStridedView) {
+  Mesh mesh = Mesh::Create(Devices(4), {2, 2}, {"x", "y"}).value();
+  Sharding sharding = Sharding::Create(mesh, {{"x"}}).value();  // replicated over y
+  auto source = Iota(DType::kS32, {6, 5});
+  const HostView& whole = source->view();
+  auto data = TransferShardsToDevice(source, sharding).value();
+  // A transposed destination: element (i, j) at byte (j * 6 + i) * 4 of a 5 x 6 buffer.
+  std::vector<int32_t> memory(30, -1);
+  const MutableHostView dst(memory.data(), DType::kS32, {6, 5}, {4, 6 * 4});
+  ASSERT_TRUE(AssembleShardsInto(*data, dst).Await().ok());
+  for (int64_t i = 0; i < 6; ++i) {
+    for (int64_t j = 0; j < 5; ++j) {
+      int32_t want;
+      std::memcpy(&want, static_cast<const std::byte*>(whole.data) + (i * 5 + j) * 4, 4);
+      EXPECT_EQ(memory[j * 6 + i], want) << i << "," << j;
+    }
+  }
+  std::vector<int32_t> untouched(30, -1);
+  const Status wrong =
+      AssembleShardsInto(*data, MutableHostView::Dense(untouched.data(), DType::kS32, {5, 6}))
+          .Await();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(untouched, std::vector<int32_t>(30, -1));
 }
 
 TEST_F(ShardingTest, UnevenDimsGiveSmallerOrEmptyTrailingShards) {

@@ -52,7 +52,9 @@ struct DimRange {
 using ShardIndex = std::vector<DimRange>;
 
 // For each tensor dim, the mesh axes it is split over (major to minor); an empty list replicates
-// the tensor along that dim. Mesh axes named by no dim replicate the tensor over them.
+// the tensor along that dim. Mesh axes named by no dim replicate the tensor over them. A spec may
+// be shorter than the tensor's rank: the dims it does not reach are replicated (as JAX pads a
+// PartitionSpec with None); a longer one is an error.
 class Sharding {
  public:
   // InvalidArgument for an unknown axis or an axis used twice.
@@ -166,5 +168,11 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data);
 // are read once; no intermediate copies). FailedPrecondition when a part of the tensor lies only
 // on other processes' devices (read this process's part with LocalShards).
 StatusOr<HostTensor> AssembleShards(const ShardedData& data);
+
+// The same into the caller's view of the whole tensor (the global dims, any byte strides, any dtype
+// the device dtypes convert to): each distinct shard is read straight into its part of `dst`
+// (TransferFromDeviceInto: every check first, nothing written on a bad argument; never waits on
+// the calling thread). The caller keeps `dst` alive and untouched until the future completes.
+Future<> AssembleShardsInto(const ShardedData& data, const MutableHostView& dst);
 
 }  // namespace ferry

@@ -100,6 +100,33 @@ struct TransferFromDeviceOptions {
 StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> data,
                                                      const TransferFromDeviceOptions& options = {});
 
+// Starts reading every handle into the caller's view at the same position and returns at once: the
+// returned future completes when every read has finished, OK or with the first error in argument
+// order, naming its tensor and device. Each `dst[i]` has the dims of `data[i]` and any byte strides
+// (transposed, stepped, negative: the caller's own array, written in place, with no intermediate
+// copy); its dtype may differ from the device dtype and is converted on the way (convert.h rules;
+// the logical dtype reads the data back as it was put). Every argument is checked before any read
+// starts: a count mismatch, a null handle, a destination of other dims or an inconvertible dtype is
+// a ready InvalidArgument (or Unimplemented) future, naming the tensor, and no destination byte was
+// written. The caller keeps every destination's memory alive and does not touch it until the
+// future completes; destinations must not overlap one another. The reads hold the handles until
+// they finish (and no longer once the future has completed), so the caller may drop its own
+// references at once. Never waits on the calling
+// thread: the read of a handle whose put is still running starts once the put has finished.
+Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
+                                absl::Span<const MutableHostView> dst);
+
+// A copy of each handle on `target` (device to device), in order: same dims, logical dtype, device
+// dtype and name, as an independent handle (the original may be dropped at once). Goes through
+// Buffer::CopyToDevice: the backend's own copy between its devices where it has one (pjrt: the
+// plugin's PJRT_Buffer_CopyToDevice, between devices of one plugin), else through host memory, on
+// any backend's device. The copy's Ready() also waits for the original's (and fails with its
+// error). May wait, on the calling thread, for the original's put to finish and, through the host,
+// for the read. InvalidArgument naming the tensor when `target` is null or cannot hold the device
+// dtype (put the data again with TransferToDevice then, choosing a dtype), FailedPrecondition when
+// a client is gone. All or nothing, as TransferToDevice.
+StatusOr<std::vector<DataPtr>> CopyToDevice(absl::Span<const DataPtr> data, Device* target);
+
 // Waits until every handle is ready; the first error if any failed.
 Status AwaitReady(absl::Span<const DataPtr> data);
 
