@@ -281,6 +281,20 @@ void MappedFile::Prefetch(int64_t offset, int64_t size, int touch_threads) const
   for (std::thread& thread : threads) thread.join();
 }
 
+void MappedFile::ReleasePages(int64_t offset, int64_t size) const {
+  if (!is_mapped_ || size <= 0 || offset >= size_) return;
+  offset = std::max<int64_t>(offset, 0);
+  const int64_t end = size > size_ - offset ? size_ : offset + size;
+  const int64_t page_size = PageSize();
+  // Whole pages only: a page shared with a neighbouring tensor may still be read.
+  const int64_t first = (offset + page_size - 1) / page_size * page_size;
+  const int64_t last =
+      end == size_ ? (end + page_size - 1) / page_size * page_size : end / page_size * page_size;
+  if (last <= first) return;
+  ::madvise(const_cast<std::byte*>(data_) + first, static_cast<size_t>(last - first),
+            MADV_DONTNEED);
+}
+
 Status MappedFile::CheckIntact() const {
   const int64_t from = vanished_from_.load(std::memory_order_relaxed);
   if (from == INT64_MAX) return OkStatus();

@@ -15,7 +15,9 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
+#include "absl/types/span.h"
 #include "ferry/core/copy_convert.h"
+#include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/runtime/dtype_policy.h"
 #include "ferry/runtime/sharding.h"
@@ -117,22 +119,30 @@ StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
 
 // Seconds to memcpy every tensor's bytes (contiguous runs of the file data) through a 64 MiB
 // scratch buffer: the yardstick of the same bytes, timed in the same run.
-double TimeMemcpyOf(const std::vector<PutTensor>& tensors) {
+// The mapped pages each tensor faulted in are given back after its copy (outside the timing), as
+// the put gave them back, so that this reference does not make the load's peak memory.
+double TimeMemcpyOf(const std::vector<TensorFile>& files, const std::vector<PutTensor>& tensors) {
   constexpr int64_t kScratchBytes = int64_t{64} << 20;
   std::vector<std::byte> scratch(kScratchBytes);
   std::memset(scratch.data(), 1, scratch.size());  // touch it before timing
-  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration copying{};
   for (const PutTensor& tensor : tensors) {
     const HostView& view = tensor.entry.source->view();
     auto addressed = view.ComputeAddressedBytes("memcpy");
     if (!addressed.ok()) continue;
     const auto* begin = static_cast<const std::byte*>(view.data) + addressed->begin;
+    const auto start = std::chrono::steady_clock::now();
     for (int64_t done = 0; done < tensor.bytes; done += kScratchBytes) {
       const int64_t count = std::min(kScratchBytes, tensor.bytes - done);
       std::memcpy(scratch.data(), begin + done, static_cast<size_t>(count));
     }
+    copying += std::chrono::steady_clock::now() - start;
+    const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
+    if (tensor.entry.zero_copy && tensor.entry.file_offset >= 0 && !first->buffer().is_alias()) {
+      files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
+    }
   }
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double>(copying).count();
 }
 
 // "host:0, host:1,host:2" -> the device names, spaces around each name dropped. InvalidArgument
@@ -215,7 +225,7 @@ Status OpenFiles(const PutOptions& options, std::optional<DType> requested, cons
 
 // Starts every transfer (they run on the backend's threads) without waiting for any.
 Status StartTransfers(const PutTarget& target, const PutOptions& options,
-                      HostBufferSemantics semantics, std::vector<PutTensor>& tensors) {
+                      HostBufferSemantics semantics, absl::Span<PutTensor> tensors) {
   TransferToDeviceOptions transfer_options;
   transfer_options.semantics = semantics;
   for (PutTensor& tensor : tensors) {
@@ -244,16 +254,95 @@ Status StartTransfers(const PutTarget& target, const PutOptions& options,
   return OkStatus();
 }
 
-// Follows the transfers in order (drawing `progress`), then checks that no file was truncated
-// while it was read.
-Status AwaitTransfers(const std::vector<TensorFile>& files, std::vector<PutTensor>& tensors,
-                      ProgressBar& progress) {
-  int64_t done_bytes = 0;
+// Follows the transfers in order, adding their bytes to `done_bytes` (drawing `progress`).
+Status AwaitTransfers(absl::Span<PutTensor> tensors, int64_t& done_bytes, ProgressBar& progress) {
   for (PutTensor& tensor : tensors) {
     FERRY_RETURN_IF_ERROR(tensor.sharded ? AwaitReady(tensor.sharded->shards())
                                          : AwaitReady({tensor.data}));
     done_bytes += tensor.bytes;
     progress.Update(done_bytes);
+  }
+  return OkStatus();
+}
+
+// The bytes of the mapped files a window of tensors reads: one range per file (tensors come in
+// data-offset order, so a window's tensors of one file are one stretch of it).
+struct FileStretch {
+  const MappedFile* file = nullptr;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+std::vector<FileStretch> StretchesOf(const std::vector<TensorFile>& files,
+                                     absl::Span<const PutTensor> window) {
+  std::vector<FileStretch> stretches;
+  for (const PutTensor& tensor : window) {
+    if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0) continue;  // an inflated member
+    const MappedFile* file = files[tensor.file_number - 1].file().get();
+    const int64_t begin = tensor.entry.file_offset;
+    const int64_t end = begin + tensor.bytes;
+    auto same = std::find_if(stretches.begin(), stretches.end(),
+                             [&](const FileStretch& s) { return s.file == file; });
+    if (same == stretches.end()) {
+      stretches.push_back({file, begin, end});
+    } else {
+      same->begin = std::min(same->begin, begin);
+      same->end = std::max(same->end, end);
+    }
+  }
+  return stretches;
+}
+
+// The bytes of the files read ahead of the transfers and held at once: a load holds at most about
+// two windows of the files' pages beside the device copy (the one being put and the next, faulted
+// in meanwhile), not the whole files. 256 MiB keeps every core busy on this machine's transfers.
+constexpr int64_t kLoadWindowBytes = int64_t{256} << 20;
+
+// Puts the tensors window by window: the next window's pages are faulted in from every core (a
+// cold file read ahead in parallel, a warm one mapped fast) while this one's transfers run; once
+// they are done the window's pages leave the process (MappedFile::ReleasePages), except where a
+// device array aliases the file (zero_copy on the host). Then checks that no file was truncated
+// while it was read.
+Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& target,
+                    const PutOptions& options, HostBufferSemantics semantics,
+                    std::vector<PutTensor>& tensors, ProgressBar& progress) {
+  const int touch_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const auto window_end = [&](size_t begin) {
+    int64_t bytes = 0;
+    size_t end = begin;
+    while (end < tensors.size() &&
+           (end == begin || bytes + tensors[end].bytes <= kLoadWindowBytes)) {
+      bytes += tensors[end++].bytes;
+    }
+    return end;
+  };
+  const auto fault_in = [&](absl::Span<const PutTensor> window) {
+    for (const FileStretch& s : StretchesOf(files, window)) {
+      s.file->Prefetch(s.begin, s.end - s.begin, touch_threads);
+    }
+  };
+  int64_t done_bytes = 0;
+  size_t begin = 0;
+  size_t end = window_end(0);
+  fault_in(absl::MakeSpan(tensors).subspan(0, end));
+  while (begin < tensors.size()) {
+    const absl::Span<PutTensor> window = absl::MakeSpan(tensors).subspan(begin, end - begin);
+    const size_t next_end = window_end(end);
+    std::thread next_window(
+        [&, next = absl::MakeSpan(tensors).subspan(end, next_end - end)] { fault_in(next); });
+    Status moved = StartTransfers(target, options, semantics, window);
+    if (moved.ok()) moved = AwaitTransfers(window, done_bytes, progress);
+    next_window.join();
+    FERRY_RETURN_IF_ERROR(moved);
+    for (const PutTensor& tensor : window) {
+      const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
+      if (first->buffer().is_alias() || !tensor.entry.zero_copy || tensor.entry.file_offset < 0) {
+        continue;
+      }
+      files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
+    }
+    begin = end;
+    end = next_end;
   }
   // A file truncated while mapped was read as zeros where its pages vanished (MappedFile turns the
   // SIGBUS into that): an error naming the file, not a result.
@@ -375,19 +464,13 @@ int RunPut(const PutOptions& options) {
     fmt::print(stderr, "ferry put: note: {}\n", note);
   }
 
-  // Fault the mapped pages in from every core at once rather than one 4 KiB page fault at a time
-  // inside the copy: a cold file is read ahead in parallel, a warm one is mapped fast.
-  const int touch_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  for (const TensorFile& file : files) file.Prefetch(touch_threads);
-
   ProgressBar progress("put", summary.total_bytes);
-  Status moved = StartTransfers(*target, options, *semantics, tensors);
-  if (moved.ok()) moved = AwaitTransfers(files, tensors, progress);
+  Status moved = PutInWindows(files, *target, options, *semantics, tensors, progress);
   progress.Finish();
   if (!moved.ok()) return ReportError(kCommand, moved);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   DescribeTransfers(tensors);
-  summary.memcpy_seconds = TimeMemcpyOf(tensors);
+  summary.memcpy_seconds = TimeMemcpyOf(files, tensors);
 
   if (options.verify) {
     if (Status verified = VerifyAll(tensors, summary.total_bytes, summary.lossy); !verified.ok()) {

@@ -72,6 +72,14 @@ class MappedFile {
   // prefetching is advice, and the data stays readable either way.
   void Prefetch(int64_t offset, int64_t size, int touch_threads = 0) const;
 
+  // Gives back the memory of the pages that lie wholly inside [offset, offset + size) of a mapped
+  // file (madvise(MADV_DONTNEED)): they leave the process's resident set, the page cache keeps
+  // them, and a later read faults them in again with the same bytes (the mapping is read-only and
+  // private, so nothing written is lost). What a load calls on ranges it has consumed, so that it
+  // does not hold the file's pages and the device copy at once. A no-op for in-memory bytes;
+  // errors of madvise are ignored (advice).
+  void ReleasePages(int64_t offset, int64_t size) const;
+
   // OK, or DataLoss naming the file when pages of its mapping vanished (the file was truncated
   // while mapped) and were read since: what was read there reads as zeros, not as the file.
   Status CheckIntact() const;
