@@ -56,5 +56,66 @@ TEST(MappedFileTest, PagesThatVanishReadAsZerosAndAreReportedOnceNamingTheFile) 
   EXPECT_EQ(said.find(note, first + 1), std::string::npos) << "reported more than once: " << said;
 }
 
+// The bytes of `mapped`'s mapping resident in this process (smaps' Rss; mincore would tell the
+// page cache's, which keeps the pages either way); -1 when unreadable.
+int64_t ResidentBytesOf(const MappedFile& mapped) {
+  const auto begin = reinterpret_cast<uintptr_t>(mapped.data());
+  std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
+  if (smaps == nullptr) return -1;
+  char line[512];
+  bool inside = false;
+  int64_t rss = -1;
+  while (std::fgets(line, sizeof(line), smaps) != nullptr) {
+    unsigned long start = 0, end = 0;  // NOLINT(runtime/int): sscanf's %lx
+    if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2 && std::strchr(line, '-') != nullptr &&
+        std::strstr(line, "kB") == nullptr) {
+      inside = start <= begin && begin < end;
+    } else if (inside && std::strncmp(line, "Rss:", 4) == 0) {
+      long kb = 0;  // NOLINT(runtime/int)
+      std::sscanf(line + 4, "%ld", &kb);
+      rss = int64_t{kb} << 10;
+      break;
+    }
+  }
+  std::fclose(smaps);
+  return rss;
+}
+
+TEST(MappedFileTest, ReleasedPagesLeaveTheProcessAndReadTheSameAgain) {
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ferry_release_" + std::to_string(getpid())))
+          .string();
+  std::vector<unsigned char> contents(static_cast<size_t>(64 * page));
+  for (size_t i = 0; i < contents.size(); ++i) contents[i] = static_cast<unsigned char>(i * 7);
+  {
+    FILE* file = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(file, nullptr);
+    ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
+    std::fclose(file);
+  }
+  auto mapped = MappedFile::Open(path);
+  std::remove(path.c_str());  // the mapping keeps the contents
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const MappedFile& file = **mapped;
+  std::vector<unsigned char> read(contents.size());
+  std::memcpy(read.data(), file.data(), read.size());  // every page resident in the process
+  ASSERT_EQ(ResidentBytesOf(file), 64 * page);
+
+  // [page/2, 40.5 pages): only the pages wholly inside go, 1 to 39 (39 pages); page 0 and page 40,
+  // shared with bytes outside the range, stay.
+  file.ReleasePages(page / 2, 40 * page);
+  EXPECT_EQ(ResidentBytesOf(file), (64 - 39) * page);
+  // A range that ends at the end of the file takes its last page too.
+  file.ReleasePages(60 * page + 1, 4 * page);
+  EXPECT_EQ(ResidentBytesOf(file), (64 - 39 - 3) * page);
+  file.ReleasePages(5, 10);  // inside one page: nothing
+  EXPECT_EQ(ResidentBytesOf(file), (64 - 39 - 3) * page);
+
+  std::memcpy(read.data(), file.data(), read.size());
+  EXPECT_EQ(read, contents) << "released pages read the file's bytes again";
+  EXPECT_TRUE(file.CheckIntact().ok());
+}
+
 }  // namespace
 }  // namespace ferry
