@@ -1198,19 +1198,51 @@ def load_file(
         return arrays
     names = list(arrays)
     requested = None if device_dtype is None else _dtype_name(device_dtype)
-    groups: dict[str | None, list[str]] = {}
-    for name in names:
-        applies = requested is not None and (
-            device_dtype_all
-            or _dtype_kind(_dtype_name(arrays[name].dtype.newbyteorder("="))) == _dtype_kind(requested))
-        groups.setdefault(requested if applies else None, []).append(name)
     placed = {}
-    for dtype, group in groups.items():  # one batched put per device dtype
-        group_arrays = _device_put([arrays[n] for n in group], device, dtype, "copy", None,
-                                   tensor_names=group)
-        for name, array in zip(group, group_arrays):
-            placed[name] = array
+    for window in _load_windows(names, arrays):
+        groups: dict[str | None, list[str]] = {}
+        for name in window:
+            applies = requested is not None and (
+                device_dtype_all
+                or _dtype_kind(_dtype_name(arrays[name].dtype.newbyteorder("="))) == _dtype_kind(requested))
+            groups.setdefault(requested if applies else None, []).append(name)
+        for dtype, group in groups.items():  # one batched put per device dtype
+            group_arrays = _device_put([arrays[n] for n in group], device, dtype, "copy", None,
+                                       tensor_names=group)
+            for name, array in zip(group, group_arrays):
+                placed[name] = array
+        _release_file_pages(arrays[name] for name in window)
     return {name: placed[name] for name in names}
+
+
+# A load puts this many bytes of a file at a time and then gives their pages back
+# (_release_file_pages), so that it never holds the whole file and the device copy at once.
+_LOAD_WINDOW_BYTES = 256 << 20
+
+
+def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:
+    """The names in file order, in runs of at most _LOAD_WINDOW_BYTES (one tensor at least)."""
+    window: list[str] = []
+    size = 0
+    for name in names:
+        nbytes = arrays[name].nbytes
+        if window and size + nbytes > _LOAD_WINDOW_BYTES:
+            yield window
+            window, size = [], 0
+        window.append(name)
+        size += nbytes
+    if window:
+        yield window
+
+
+def _release_file_pages(views: Iterable[np.ndarray]) -> None:
+    """Gives back the mapped file pages under `views` (read-only views of a mapped tensor file that
+    a "copy" put has finished reading): they leave the process's memory, the page cache keeps them,
+    and a later read of the views faults them in again with the same bytes. Memory that is not a
+    mapped file's is left alone."""
+    for view in views:
+        if view.nbytes:
+            _ferry._release_mapped_pages(view.__array_interface__["data"][0], view.nbytes)
 
 
 def shard_along(mesh: Mesh, dim: int = 0, axes: str | Sequence[str] | None = None,

@@ -202,7 +202,8 @@ def load_file(
     memory of ferry's, which JAX then takes without another copy where the device's memory is host
     memory (ferry's platform over the CPU plugin, or JAX's "cpu"); a device whose memory is not
     host memory gets that buffer through its plugin's own transfer. The file is read once, and no
-    cast runs on the device.
+    cast runs on the device. The files are put 256 MiB at a time, each stretch's pages given back
+    once put, so the load does not hold the files and the arrays at once.
 
     sharding: a ``jax.sharding.Sharding`` (a ``NamedSharding`` whose spec is longer than a
       tensor's rank replicates that tensor over its mesh), a dict {name: Sharding}, or a callable
@@ -219,7 +220,7 @@ def load_file(
     """
     import jax
 
-    from . import _dtype_kind, _dtype_name, _NUMPY_DTYPES
+    from . import _NUMPY_DTYPES, _dtype_kind, _dtype_name, _load_windows, _release_file_pages
     from . import device_put as ferry_device_put
 
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
@@ -235,42 +236,47 @@ def load_file(
 
     tensors = _open_files(paths, names, pattern, exclude)
 
-    # One batched ferry put of every shard of every tensor into host:0, each converted on the way.
-    plans = []  # (name, global shape, jax sharding, stored dtype name, [device, ...])
-    views: list[np.ndarray] = []
-    view_dtypes: list[str] = []
-    for name, view in tensors.items():
-        logical = _dtype_name(view.dtype.newbyteorder("="))
-        applies = requested is not None and (
-            dtype_all or _dtype_kind(logical) == _dtype_kind(requested))
-        stored = requested if applies else logical
-        stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
-        tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
-        devices = []
-        for device_of_shard, index in tensor_sharding.addressable_devices_indices_map(
-                tuple(view.shape)).items():
-            devices.append(device_of_shard)
-            views.append(view[index] if index else view)  # () for a 0-d tensor
-            view_dtypes.append(stored)
-        plans.append((name, tuple(view.shape), tensor_sharding, stored, devices))
-    host_arrays = ferry_device_put(views, "host:0", device_dtype=view_dtypes) if views else []
-
-    # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where the
-    # device's memory is host memory and the address 64-byte aligned, as ferry's is).
-    shard_arrays = []
-    for host_array, stored in zip(host_arrays, view_dtypes):
-        stored_view, reason = host_array._numpy_view(stored=True)
-        if stored_view is None:
-            raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
-        shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
-    shard_devices = [device for *_, devices in plans for device in devices]
-    placed = jax.device_put(shard_arrays, shard_devices) if shard_arrays else []
-
+    # Window by window (256 MiB of the files in file order): one batched ferry put of every shard
+    # of the window's tensors into host:0, each converted on the way; the window's file pages are
+    # then given back, so the load never holds the files and the converted copy at once.
     result: dict[str, Any] = {}
-    position = 0
-    for name, shape, tensor_sharding, _, devices in plans:
-        count = len(devices)
-        result[name] = jax.make_array_from_single_device_arrays(
-            shape, tensor_sharding, placed[position:position + count])
-        position += count
+    for window in _load_windows(list(tensors), tensors):
+        plans = []  # (name, global shape, jax sharding, [device, ...])
+        views: list[np.ndarray] = []
+        view_dtypes: list[str] = []
+        for name in window:
+            view = tensors[name]
+            logical = _dtype_name(view.dtype.newbyteorder("="))
+            applies = requested is not None and (
+                dtype_all or _dtype_kind(logical) == _dtype_kind(requested))
+            stored = requested if applies else logical
+            stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
+            tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
+            devices = []
+            for device_of_shard, index in tensor_sharding.addressable_devices_indices_map(
+                    tuple(view.shape)).items():
+                devices.append(device_of_shard)
+                views.append(view[index] if index else view)  # () for a 0-d tensor
+                view_dtypes.append(stored)
+            plans.append((name, tuple(view.shape), tensor_sharding, devices))
+        host_arrays = ferry_device_put(views, "host:0", device_dtype=view_dtypes)
+        _release_file_pages(tensors[name] for name in window)
+
+        # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where
+        # the device's memory is host memory and the address 64-byte aligned, as ferry's is).
+        shard_arrays = []
+        for host_array, stored in zip(host_arrays, view_dtypes):
+            stored_view, reason = host_array._numpy_view(stored=True)
+            if stored_view is None:
+                raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
+            shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
+        shard_devices = [device for *_, devices in plans for device in devices]
+        placed = jax.device_put(shard_arrays, shard_devices)
+
+        position = 0
+        for name, shape, tensor_sharding, devices in plans:
+            count = len(devices)
+            result[name] = jax.make_array_from_single_device_arrays(
+                shape, tensor_sharding, placed[position:position + count])
+            position += count
     return result

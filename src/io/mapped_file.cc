@@ -338,6 +338,25 @@ Status MappedFile::CheckMemoryIntact(const void* begin, int64_t size) {
   return OkStatus();
 }
 
+void MappedFile::ReleaseMemory(const void* begin, int64_t size) {
+  if (size <= 0) return;
+  const auto range_begin = reinterpret_cast<uintptr_t>(begin);
+  const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
+  std::lock_guard<std::mutex> lock(MappedFileSignals::Mutex());
+  MappedFileSignals::Slot* slots = MappedFileSignals::Slots();
+  for (int i = 0; i < MappedFileSignals::kSlots; ++i) {
+    if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
+    const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
+    const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
+    if (range_end <= mapping_begin || range_begin >= mapping_end) continue;
+    const uintptr_t from = std::max(range_begin, mapping_begin);
+    const uintptr_t to = std::min(range_end, mapping_end);
+    slots[i]
+        .file.load(std::memory_order_relaxed)
+        ->ReleasePages(static_cast<int64_t>(from - mapping_begin), static_cast<int64_t>(to - from));
+  }
+}
+
 uint64_t MappedFile::VanishedPageEvents() {
   return MappedFileSignals::events.load(std::memory_order_relaxed);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/io/tensor_writer.h"
 #include "fmt/format.h"
@@ -125,6 +126,14 @@ void SaveFile(const std::string& path, const std::string& format,
 void AddTensorFileFunctions(nb::module_& module) {
   module.def("_load_file", &LoadFile, nb::arg("path"), nb::arg("names"), nb::arg("patterns"),
              nb::arg("exclude"));
+  module.def(
+      "_release_mapped_pages",
+      [](uintptr_t address, int64_t size) {
+        MappedFile::ReleaseMemory(reinterpret_cast<const void*>(address), size);
+      },
+      nb::arg("address"), nb::arg("size"),
+      "Gives back the whole pages of [address, address + size) that lie in a mapped tensor file "
+      "(MappedFile::ReleasePages): a load calls it on what it has put.");
   module.def("_save_file", &SaveFile, nb::arg("path"), nb::arg("format"), nb::arg("names"),
              nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("metadata"),
              nb::arg("compressed"));

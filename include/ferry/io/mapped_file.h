@@ -80,6 +80,11 @@ class MappedFile {
   // errors of madvise are ignored (advice).
   void ReleasePages(int64_t offset, int64_t size) const;
 
+  // ReleasePages for the memory [begin, begin + size) where it lies in a live mapping of a
+  // MappedFile (memory of no mapping is left alone). For callers that hold only the address (a
+  // numpy view of the mapping).
+  static void ReleaseMemory(const void* begin, int64_t size);
+
   // OK, or DataLoss naming the file when pages of its mapping vanished (the file was truncated
   // while mapped) and were read since: what was read there reads as zeros, not as the file.
   Status CheckIntact() const;
