@@ -1171,7 +1171,9 @@ def load_file(
     Without `device` (and `device_dtype`): read-only numpy arrays, zero-copy views of the mapped
     file where the data is stored little-endian and uncompressed; each array keeps the mapping
     alive until it is gone. With `device`: ferry.Arrays, put there straight from the mapped file
-    in one batched `device_put`; the file is unmapped when the call returns. `device_dtype`
+    in batched `device_put`s of 256 MiB of the file each, whose mapped pages are given back once
+    put (the load never holds the file and the arrays at once); the file is unmapped when the
+    call returns. `device_dtype`
     applies to the tensors of its kind (a floating-point dtype to floating-point tensors, an
     integer one to integer tensors: `"bfloat16"` leaves integer ids and masks alone), like
     `ferry put --device-dtype`; `device_dtype_all=True` applies it to every tensor.
