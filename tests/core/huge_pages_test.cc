@@ -9,7 +9,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <string_view>
 
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/settings.h"
@@ -25,49 +24,31 @@ TEST(HugePagePolicyTest, AutoAsksOnlyWhereAFaultCannotWaitForCompaction) {
     const char* enabled;
     const char* defrag;
     bool advise;
-    bool advise_when_free;  // only where free 2 MiB blocks cover the allocation
   };
   const Case cases[] = {
-      {"madvise", "madvise", false, true},  // this machine's setting: a madvised fault compacts
-      {"madvise", "always", false, true},
-      {"madvise", "defer+madvise", false, true},
-      {"always", "madvise", false, true},
-      {"madvise", "defer", true, false},
-      {"madvise", "never", true, false},
-      {"always", "never", true, false},
-      {"never", "defer", false, false},  // THP off: the advice would do nothing
-      {"", "", false, false},            // no THP in the kernel (or no /sys)
-      {"madvise", "", false, true},      // defrag unreadable: assume the worst
+      {"madvise", "madvise", false},  // this machine's setting: a madvised fault compacts
+      {"madvise", "always", false},
+      {"madvise", "defer+madvise", false},
+      {"always", "madvise", false},
+      {"madvise", "defer", true},
+      {"madvise", "never", true},
+      {"always", "never", true},
+      {"never", "defer", false},  // THP off: the advice would do nothing
+      {"", "", false},            // no THP in the kernel (or no /sys)
+      {"madvise", "", false},     // defrag unreadable: assume the worst
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.enabled) + " / " + c.defrag);
     const HugePagePolicy policy =
         ChooseHugePagePolicy(c.enabled, c.defrag, HugePagesSetting::kAuto);
     EXPECT_EQ(policy.advise, c.advise);
-    EXPECT_EQ(policy.advise_when_free, c.advise_when_free);
     EXPECT_FALSE(policy.refuse);
     EXPECT_EQ(policy.thp_enabled, c.enabled);
     EXPECT_EQ(policy.thp_defrag, c.defrag);
-    EXPECT_THAT(policy.reason, HasSubstr(c.advise             ? "asked for ("
-                                         : c.advise_when_free ? "only where free 2 MiB blocks"
-                                                              : "not asked for"));
+    EXPECT_THAT(policy.reason, HasSubstr(c.advise ? "asked for" : "not asked for"));
   }
   EXPECT_THAT(ChooseHugePagePolicy("madvise", "madvise", HugePagesSetting::kAuto).reason,
               HasSubstr("enabled=madvise, defrag=madvise"));
-}
-
-TEST(HugePagePolicyTest, FreeHugeBlocksAreCountedFromBuddyinfo) {
-  // Free blocks of order 0..10 per zone; order 9 is 2 MiB, order 10 is 4 MiB.
-  constexpr std::string_view kBuddyinfo =
-      "Node 0, zone      DMA      0      0      0      0      0      0      0      0      1      1"
-      "      3 \n"
-      "Node 0, zone   Normal   9977   3495   1332   3663   1610    856    184     99    817    2"
-      "      5 \n";
-  EXPECT_EQ(FreeHugeBlockBytes(kBuddyinfo), int64_t{(1 + 2) * 2 + (3 + 5) * 4} << 20);
-  EXPECT_EQ(FreeHugeBlockBytes("Node 0, zone Normal 5 4 3\n"), 0);  // no order 9 listed
-  EXPECT_EQ(FreeHugeBlockBytes(""), 0);
-  EXPECT_EQ(FreeHugeBlockBytes("garbage\nzone x y z\n"), 0);
-  EXPECT_FALSE(ChooseHugePagePolicy("madvise", "defer", HugePagesSetting::kOn).advise_when_free);
 }
 
 TEST(HugePagePolicyTest, TheSettingOverridesTheKernelsAdvice) {

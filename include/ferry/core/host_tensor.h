@@ -33,9 +33,8 @@ inline constexpr size_t kHostAlignment = 64;
 // cost, and 2 MiB pages make those faults 512 times fewer; but where the kernel's THP defrag
 // setting lets a madvised fault compact memory synchronously ("always", "madvise",
 // "defer+madvise"), a busy machine turns that fault into milliseconds each and a load into
-// seconds. FERRY_HOST_HUGE_PAGES (auto, the default) asks for them only where no fault can stall:
-// always under a "defer" or "never" defrag setting, else only for an allocation that free huge
-// pages already cover (HostHugePagePolicy).
+// seconds. FERRY_HOST_HUGE_PAGES (auto, the default) asks for them only where it cannot stall
+// (HostHugePagePolicy).
 std::byte* AllocateHostMemory(int64_t size_bytes);
 void FreeHostMemory(std::byte* memory, int64_t size_bytes);
 // Bytes of freed host memory held by the cache, and its limit.
@@ -49,11 +48,7 @@ Status HostMemoryCacheSettingStatus();
 
 // Whether large host allocations ask for transparent huge pages, and why.
 struct HugePagePolicy {
-  bool advise = false;  // MADV_HUGEPAGE on allocations of 2 MiB or more
-  // MADV_HUGEPAGE only on an allocation that the kernel's free 2 MiB blocks already cover
-  // (/proc/buddyinfo, read at the allocation): its faults then take free huge pages, and none
-  // waits for compaction. Where `advise` is false because a madvised fault could compact.
-  bool advise_when_free = false;
+  bool advise = false;      // MADV_HUGEPAGE on allocations of 2 MiB or more
   bool refuse = false;      // MADV_NOHUGEPAGE instead (FERRY_HOST_HUGE_PAGES=off)
   std::string thp_enabled;  // /sys/kernel/mm/transparent_hugepage/enabled's choice; "" unreadable
   std::string thp_defrag;   // .../defrag's choice; "" unreadable
@@ -63,10 +58,6 @@ struct HugePagePolicy {
 // and FERRY_HOST_HUGE_PAGES = `setting`. Pure: no system call.
 HugePagePolicy ChooseHugePagePolicy(std::string_view thp_enabled, std::string_view thp_defrag,
                                     settings::HugePagesSetting setting);
-// Bytes of free memory in blocks of 2 MiB or more (order 9 and up with 4 KiB pages), from the text
-// of /proc/buddyinfo; 0 for text it cannot read. Pure.
-int64_t FreeHugeBlockBytes(std::string_view buddyinfo);
-
 // The policy in force: this kernel's settings (read once per process) and the setting's current
 // value (a bad value counts as auto). Thread-safe.
 HugePagePolicy HostHugePagePolicy();
