@@ -68,6 +68,26 @@ struct MappedFileSignals {
     }();
     return *mutex;
   }
+  // Calls `visit(file, offset, count)`, under the registry's lock, for each live mapping that
+  // [begin, begin + size) overlaps, with the overlap as an offset and size in that file.
+  template <typename Visit>
+  static void ForEachOverlap(const void* begin, int64_t size, Visit&& visit) {
+    const auto range_begin = reinterpret_cast<uintptr_t>(begin);
+    const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
+    std::lock_guard<std::mutex> lock(Mutex());
+    Slot* slots = Slots();
+    for (int i = 0; i < kSlots; ++i) {
+      if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
+      const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
+      const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
+      if (range_end <= mapping_begin || range_begin >= mapping_end) continue;
+      const uintptr_t from = std::max(range_begin, mapping_begin);
+      const uintptr_t to = std::min(range_end, mapping_end);
+      visit(*slots[i].file.load(std::memory_order_relaxed),
+            static_cast<int64_t>(from - mapping_begin), static_cast<int64_t>(to - from));
+    }
+  }
+
   static inline std::atomic<uint64_t> events{0};
   // Published mappings: none means no memory can be a mapping's.
   static inline std::atomic<int64_t> live{0};
@@ -318,43 +338,21 @@ Status MappedFile::CheckMemoryIntact(const void* begin, int64_t size) {
   if (MappedFileSignals::events.load(std::memory_order_relaxed) == 0 || size <= 0) {
     return OkStatus();  // no page of any mapping has vanished yet
   }
-  const auto range_begin = reinterpret_cast<uintptr_t>(begin);
-  const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
-  std::lock_guard<std::mutex> lock(MappedFileSignals::Mutex());
-  MappedFileSignals::Slot* slots = MappedFileSignals::Slots();
-  for (int i = 0; i < MappedFileSignals::kSlots; ++i) {
-    if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
-    const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
-    const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
-    if (range_end <= mapping_begin || range_begin >= mapping_end) continue;
-    const uintptr_t from = std::max(range_begin, mapping_begin);
-    const uintptr_t to = std::min(range_end, mapping_end);
-    Status status = slots[i]
-                        .file.load(std::memory_order_relaxed)
-                        ->CheckRangeIntact(static_cast<int64_t>(from - mapping_begin),
-                                           static_cast<int64_t>(to - from));
-    if (!status.ok()) return status;
-  }
-  return OkStatus();
+  Status status;
+  MappedFileSignals::ForEachOverlap(begin, size,
+                                    [&](const MappedFile& file, int64_t offset, int64_t count) {
+                                      if (status.ok())
+                                        status = file.CheckRangeIntact(offset, count);
+                                    });
+  return status;
 }
 
 void MappedFile::ReleaseMemory(const void* begin, int64_t size) {
   if (size <= 0) return;
-  const auto range_begin = reinterpret_cast<uintptr_t>(begin);
-  const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
-  std::lock_guard<std::mutex> lock(MappedFileSignals::Mutex());
-  MappedFileSignals::Slot* slots = MappedFileSignals::Slots();
-  for (int i = 0; i < MappedFileSignals::kSlots; ++i) {
-    if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
-    const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
-    const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
-    if (range_end <= mapping_begin || range_begin >= mapping_end) continue;
-    const uintptr_t from = std::max(range_begin, mapping_begin);
-    const uintptr_t to = std::min(range_end, mapping_end);
-    slots[i]
-        .file.load(std::memory_order_relaxed)
-        ->ReleasePages(static_cast<int64_t>(from - mapping_begin), static_cast<int64_t>(to - from));
-  }
+  MappedFileSignals::ForEachOverlap(begin, size,
+                                    [](const MappedFile& file, int64_t offset, int64_t count) {
+                                      file.ReleasePages(offset, count);
+                                    });
 }
 
 uint64_t MappedFile::VanishedPageEvents() {

@@ -352,6 +352,21 @@ Status CheckAssemblableHere(const ShardedData& data) {
   return OkStatus();
 }
 
+// The shards to read to assemble the tensor here: for each distinct index, the first of this
+// process's shards that holds it (another process's shards are null; replicas are read once).
+std::vector<size_t> ShardsToRead(const ShardedData& data) {
+  std::vector<size_t> chosen;
+  std::vector<ShardIndex> done;
+  for (size_t i = 0; i < data.shards().size(); ++i) {
+    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
+    const ShardIndex& index = data.indices()[i];
+    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
+    done.push_back(index);
+    chosen.push_back(i);
+  }
+  return chosen;
+}
+
 }  // namespace
 
 StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
@@ -363,15 +378,9 @@ StatusOr<HostTensor> AssembleShards(const ShardedData& data) {
   FERRY_ASSIGN_OR_RETURN(HostTensor allocated,
                          HostTensor::Allocate(data.logical_dtype(), data.global_dims()));
   const MutableHostView whole_view = pending.Hold(std::move(allocated)).mutable_view();
-  std::vector<size_t> read_shards;
-  std::vector<ShardIndex> done;
-  for (size_t i = 0; i < data.shards().size(); ++i) {
-    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
-    const ShardIndex& index = data.indices()[i];
-    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
-    done.push_back(index);
-    pending.Add(data.shards()[i]->ToHost(SubView(whole_view, index)));
-    read_shards.push_back(i);
+  const std::vector<size_t> read_shards = ShardsToRead(data);
+  for (size_t i : read_shards) {
+    pending.Add(data.shards()[i]->ToHost(SubView(whole_view, data.indices()[i])));
   }
   const std::vector<Status> statuses = pending.AwaitAll();
   Status first_error;
@@ -402,14 +411,9 @@ Future<> AssembleShardsInto(const ShardedData& data, const MutableHostView& dst)
   }
   std::vector<DataPtr> shards;
   std::vector<MutableHostView> parts;
-  std::vector<ShardIndex> done;
-  for (size_t i = 0; i < data.shards().size(); ++i) {
-    if (data.shards()[i] == nullptr) continue;  // another process's: a local replica is read
-    const ShardIndex& index = data.indices()[i];
-    if (std::find(done.begin(), done.end(), index) != done.end()) continue;  // a replica
-    done.push_back(index);
+  for (size_t i : ShardsToRead(data)) {
     shards.push_back(data.shards()[i]);
-    parts.push_back(SubView(dst, index));
+    parts.push_back(SubView(dst, data.indices()[i]));
   }
   return TransferFromDeviceInto(shards, parts);
 }

@@ -58,16 +58,9 @@ std::string FormatJobReport(const std::vector<JobTensor>& tensors,
     row.push_back(FormatBytes(static_cast<double>(TensorBytes(tensor))));
     rows.push_back(std::move(row));
   }
-  std::string names_note;
-  std::string out = RenderTensorTable(names, columns, rows, width, options.wide, names_note);
+  std::string out = RenderPutTable(names, columns, rows, width, options.wide, options.files);
   const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
   const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
-  if (!names_note.empty()) add(names_note);
-  if (several_files) {
-    for (size_t i = 0; i < options.files.size(); ++i) {
-      add(fmt::format("file {}: {}", i + 1, Printable(options.files[i])));
-    }
-  }
   add(
       fmt::format("sharded: dim {} split over the {} devices of the mesh, each rank reading only "
                   "its own shards; replicated: whole on every device (tensors of rank {} or less)",

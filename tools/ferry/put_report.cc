@@ -52,16 +52,9 @@ std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget&
     row.push_back(FormatBytes(static_cast<double>(tensor.bytes)));
     rows.push_back(std::move(row));
   }
-  std::string names_note;
-  std::string out = RenderTensorTable(names, columns, rows, width, options.wide, names_note);
+  std::string out = RenderPutTable(names, columns, rows, width, options.wide, options.files);
   const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
   const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
-  if (!names_note.empty()) add(names_note);
-  if (several_files) {
-    for (size_t i = 0; i < options.files.size(); ++i) {
-      add(fmt::format("file {}: {}", i + 1, Printable(options.files[i])));
-    }
-  }
   add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
                   tensors.size(), tensors.size() == 1 ? "" : "s",
                   FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,

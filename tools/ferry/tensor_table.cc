@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "tools/ferry/cli_common.h"
 
 namespace ferry::cli {
 namespace {
@@ -193,6 +194,23 @@ std::string RenderTensorTable(const std::vector<std::string>& names,
     // Continued at the margin (rows are indented), so that its lines joined are the name.
     out += WrapToString(names[r], width, 0) + "\n";
     out += std::string(kIndent, ' ') + std::string(lines[r + 1]) + "\n";
+  }
+  return out;
+}
+
+std::string RenderPutTable(const std::vector<std::string>& names,
+                           const std::vector<TextTable::Column>& columns,
+                           const std::vector<std::vector<std::string>>& rows, int width, bool wide,
+                           const std::vector<std::string>& files) {
+  std::string names_note;
+  std::string out = RenderTensorTable(names, columns, rows, width, wide, names_note);
+  const int text_width = wide ? std::numeric_limits<int>::max() : width;
+  const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
+  if (!names_note.empty()) add(names_note);
+  if (files.size() > 1) {
+    for (size_t i = 0; i < files.size(); ++i) {
+      add(fmt::format("file {}: {}", i + 1, Printable(files[i])));
+    }
   }
   return out;
 }

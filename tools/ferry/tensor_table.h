@@ -48,4 +48,12 @@ std::string RenderTensorTable(const std::vector<std::string>& names,
                               const std::vector<std::vector<std::string>>& rows, int width,
                               bool wide, std::string& note);
 
+// A put's table (RenderTensorTable) and the lines that belong to it: the note on shortened names
+// and, when several `files` were put, "file N: <path>" for each (the table's file column gives
+// N). Lines wrap at `width`, or not at all with `wide`.
+std::string RenderPutTable(const std::vector<std::string>& names,
+                           const std::vector<TextTable::Column>& columns,
+                           const std::vector<std::vector<std::string>>& rows, int width, bool wide,
+                           const std::vector<std::string>& files);
+
 }  // namespace ferry::cli
