@@ -330,6 +330,21 @@ def _check_dlpack_device(x: Any, where: str) -> None:
 def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself.
     `where` names the input in errors ("item 3")."""
+    if type(x) is not np.ndarray:  # numpy arrays (a file's tensors) skip the other inputs' checks
+        x = _prepare_other(x, where)
+    viewed = _VIEWED_AS_UINT.get(x.dtype) if isinstance(x, np.ndarray) else None
+    if viewed is not None:
+        return x.view(viewed[1]), viewed[0]
+    if isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET:
+        raise InvalidArgumentError(
+            f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
+            f"{', '.join(_NUMPY_DTYPES)})")
+    return x, None
+
+
+def _prepare_other(x: Any, where: str) -> Any:
+    """_prepare for what is not a plain numpy array: scalars, framework arrays, ferry.Arrays,
+    objects numpy alone can read; checked, and made readable where it must be."""
     if isinstance(x, (np.generic, bool, int, float, complex)):  # a scalar: a 0-d array
         x = np.asarray(x)
     _check_movable(x, where)
@@ -343,15 +358,7 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
             and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
         x = np.asarray(x)  # an object that numpy alone can read
-    if isinstance(x, np.ndarray):
-        viewed = _VIEWED_AS_UINT.get(x.dtype)
-        if viewed is not None:
-            return x.view(viewed[1]), viewed[0]
-        if x.dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET:
-            raise InvalidArgumentError(
-                f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
-                f"{', '.join(_NUMPY_DTYPES)})")
-    return x, None
+    return x
 
 
 def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
@@ -1242,9 +1249,23 @@ def _release_file_pages(views: Iterable[np.ndarray]) -> None:
     a "copy" put has finished reading): they leave the process's memory, the page cache keeps them,
     and a later read of the views faults them in again with the same bytes. Memory that is not a
     mapped file's is left alone."""
-    for view in views:
-        if view.nbytes:
-            _ferry._release_mapped_pages(view.__array_interface__["data"][0], view.nbytes)
+    # Neighbouring views (a window of a file's tensors) in one call: each call scans the table of
+    # live mappings, and a window may hold thousands of small tensors.
+    ranges = sorted((view.__array_interface__["data"][0], view.nbytes) for view in views if view.nbytes)
+    begin = end = None
+    for address, nbytes in ranges:
+        if begin is not None and address - end <= _CONTIGUOUS_GAP_BYTES:
+            end = max(end, address + nbytes)
+            continue
+        if begin is not None:
+            _ferry._release_mapped_pages(begin, end - begin)
+        begin, end = address, address + nbytes
+    if begin is not None:
+        _ferry._release_mapped_pages(begin, end - begin)
+
+
+# Views this close together are given back in one call (safetensors pads tensors to 8 bytes).
+_CONTIGUOUS_GAP_BYTES = 64
 
 
 def shard_along(mesh: Mesh, dim: int = 0, axes: str | Sequence[str] | None = None,
