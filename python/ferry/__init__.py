@@ -1224,18 +1224,28 @@ def load_file(
     return {name: placed[name] for name in names}
 
 
-# A load puts this many bytes of a file at a time and then gives their pages back
-# (_release_file_pages), so that it never holds the whole file and the device copy at once.
-_LOAD_WINDOW_BYTES = 256 << 20
+def _load_window_bytes() -> int:
+    """FERRY_LOAD_WINDOW_BYTES: a load puts this many bytes of a file at a time and then gives
+    their pages back (_release_file_pages), so that it never holds the whole file and the device
+    copy at once; 0: the whole file in one window."""
+    text = settings()["FERRY_LOAD_WINDOW_BYTES"]["value"]
+    try:
+        window = int(text) if text else 256 << 20
+    except ValueError:
+        raise InvalidArgumentError(
+            f"FERRY_LOAD_WINDOW_BYTES={text!r}: not a byte count (an integer >= 0)") from None
+    return window if window > 0 else 1 << 62
 
 
 def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:
-    """The names in file order, in runs of at most _LOAD_WINDOW_BYTES (one tensor at least)."""
+    """The names in file order, in runs of at most FERRY_LOAD_WINDOW_BYTES (one tensor at
+    least)."""
+    limit = _load_window_bytes()
     window: list[str] = []
     size = 0
     for name in names:
         nbytes = arrays[name].nbytes
-        if window and size + nbytes > _LOAD_WINDOW_BYTES:
+        if window and size + nbytes > limit:
             yield window
             window, size = [], 0
         window.append(name)

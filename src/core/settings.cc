@@ -44,6 +44,8 @@ constexpr std::string_view kPath = "a path or a Python package name";
 constexpr std::string_view kPathList = "a ':'-separated list of folders";
 constexpr std::string_view kLibrary = "a shared library's name or path";
 constexpr std::string_view kHugePagesChoice = "auto, on or off";
+constexpr std::string_view kThreadCount = "a thread count (an integer from 1 to 1024)";
+constexpr int64_t kDefaultLoadWindowBytes = int64_t{256} << 20;
 
 // Sorted by name (AllSettings promises it; a test checks it).
 constexpr SettingInfo kSettings[] = {
@@ -70,6 +72,14 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_HOST_MEMORY_LIMIT", SettingScope::kClient, kByteCount, "none",
      "ClientOptions::capabilities (memory_limit_bytes)",
      "Each host device's memory limit in bytes (a transfer beyond it is ResourceExhausted)."},
+    {"FERRY_LOAD_READ_THREADS", SettingScope::kProcess, kThreadCount, "none: one per core", "",
+     "How many threads fault in the next window of a file being loaded (`ferry put`): that many "
+     "reads in flight, which a cold file on a fast disk needs to reach its bandwidth."},
+    {"FERRY_LOAD_WINDOW_BYTES", SettingScope::kProcess, kByteCount, "268435456 (256 MiB)", "",
+     "How many bytes of a file a load puts at a time (`ferry put`, `load_file(path, device)`, "
+     "`ferry.jax.load_file`) before it gives their mapped pages back; the load holds about two "
+     "windows of the file beside the device copy. 0: the whole file at once (its pages are kept "
+     "until the load ends)."},
     {"FERRY_OPENCL_LIBRARY", SettingScope::kClient, kLibrary, "libOpenCL.so.1 (the ICD loader)",
      "ClientOptions::opencl_library", "The OpenCL library the opencl backend opens."},
     {"FERRY_PJRT_PLUGIN", SettingScope::kClient, kPath,
@@ -117,6 +127,15 @@ StatusOr<int> ParseDeviceCount(std::string_view name, std::string_view text) {
   return value;
 }
 
+StatusOr<int> ParseThreadCount(std::string_view name, std::string_view text) {
+  int value = 0;
+  if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value) || value < 1 ||
+      value > 1024) {
+    return BadValue(name, text, kThreadCount);
+  }
+  return value;
+}
+
 StatusOr<double> ParseSeconds(std::string_view name, std::string_view text) {
   double value = 0;
   if (!absl::SimpleAtod(absl::string_view(text.data(), text.size()), &value) ||
@@ -145,6 +164,8 @@ Status Validate(std::string_view name, std::string_view text) {
     return ParseByteCount(name, text).status();
   }
   if (name == "FERRY_HOST_DEVICES") return ParseDeviceCount(name, text).status();
+  if (name == "FERRY_LOAD_READ_THREADS") return ParseThreadCount(name, text).status();
+  if (name == "FERRY_LOAD_WINDOW_BYTES") return ParseByteCount(name, text).status();
   if (name == "FERRY_DISTRIBUTED_TIMEOUT_S") return ParseSeconds(name, text).status();
   if (name == "FERRY_CONVERT_KERNELS") return ParseKernelLevel(name, text).status();
   if (name == "FERRY_HOST_HUGE_PAGES") return ParseHugePages(name, text).status();
@@ -297,6 +318,21 @@ StatusOr<std::optional<int64_t>> HostMemoryLimit() {
   if (!value.text.has_value()) return std::optional<int64_t>();
   FERRY_ASSIGN_OR_RETURN(const int64_t limit, ParseByteCount(kName, *value.text));
   return std::optional<int64_t>(limit);
+}
+
+StatusOr<std::optional<int>> LoadReadThreads() {
+  constexpr std::string_view kName = "FERRY_LOAD_READ_THREADS";
+  const SettingValue value = ValueOf(kName);
+  if (!value.text.has_value()) return std::optional<int>();
+  FERRY_ASSIGN_OR_RETURN(const int threads, ParseThreadCount(kName, *value.text));
+  return std::optional<int>(threads);
+}
+
+StatusOr<int64_t> LoadWindowBytes() {
+  constexpr std::string_view kName = "FERRY_LOAD_WINDOW_BYTES";
+  const SettingValue value = ValueOf(kName);
+  if (!value.text.has_value()) return kDefaultLoadWindowBytes;
+  return ParseByteCount(kName, *value.text);
 }
 
 std::optional<std::string> OpenClLibrary() { return ValueOf("FERRY_OPENCL_LIBRARY").text; }

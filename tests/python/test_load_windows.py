@@ -45,7 +45,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     assert data[-1] == (4 << 20) - 1
 
 
-def test_a_load_over_many_windows_is_exact(tmp_path, monkeypatch, device):
+def test_a_load_over_many_windows_is_exact(tmp_path, request, device):
     rng = np.random.default_rng(3)
     tensors = {}
     for i in range(12):  # float and int tensors: a window holds both, two device dtypes
@@ -53,7 +53,8 @@ def test_a_load_over_many_windows_is_exact(tmp_path, monkeypatch, device):
         tensors[f"i{i:02d}"] = rng.integers(-50, 50, (17,), dtype=np.int32)
     path = str(tmp_path / "many.safetensors")
     safetensors_numpy.save_file(tensors, path)
-    monkeypatch.setattr(ferry, "_LOAD_WINDOW_BYTES", 20_000)  # about two float tensors a window
+    ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 20_000)  # about two float tensors a window
+    request.addfinalizer(lambda: ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", None))
     windows = list(ferry._load_windows(list(ferry.open_file(path)), ferry.open_file(path)))
     assert len(windows) >= 5
     assert any({n[0] for n in window} == {"f", "i"} for window in windows)  # two dtype groups
@@ -67,3 +68,15 @@ def test_a_load_over_many_windows_is_exact(tmp_path, monkeypatch, device):
         expected = value.astype(narrow_type).astype(np.float32) if value.dtype.kind == "f" else value
         np.testing.assert_array_equal(got, expected, err_msg=name)
         assert loaded[name].device_dtype == (narrow if value.dtype.kind == "f" else "int32")
+
+
+def test_the_window_setting(tmp_path, request):
+    request.addfinalizer(lambda: ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", None))
+    arrays = {f"t{i}": np.zeros(1000, np.uint8) for i in range(10)}
+    assert len(list(ferry._load_windows(list(arrays), arrays))) == 1  # 256 MiB by default
+    ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 2500)
+    assert [len(w) for w in ferry._load_windows(list(arrays), arrays)] == [2, 2, 2, 2, 2]
+    ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 0)  # the whole file at once
+    assert len(list(ferry._load_windows(list(arrays), arrays))) == 1
+    with pytest.raises(ferry.InvalidArgumentError, match="FERRY_LOAD_WINDOW_BYTES"):
+        ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", "lots")

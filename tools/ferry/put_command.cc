@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/types/span.h"
 #include "ferry/core/copy_convert.h"
+#include "ferry/core/settings.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/runtime/dtype_policy.h"
@@ -293,11 +294,6 @@ std::vector<FileStretch> StretchesOf(const std::vector<TensorFile>& files,
   return stretches;
 }
 
-// The bytes of the files read ahead of the transfers and held at once: a load holds at most about
-// two windows of the files' pages beside the device copy (the one being put and the next, faulted
-// in meanwhile), not the whole files. 256 MiB keeps every core busy on this machine's transfers.
-constexpr int64_t kLoadWindowBytes = int64_t{256} << 20;
-
 // Puts the tensors window by window: the next window's pages are faulted in from every core (a
 // cold file read ahead in parallel, a warm one mapped fast) while this one's transfers run; once
 // they are done the window's pages leave the process (MappedFile::ReleasePages), except where a
@@ -306,12 +302,19 @@ constexpr int64_t kLoadWindowBytes = int64_t{256} << 20;
 Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& target,
                     const PutOptions& options, HostBufferSemantics semantics,
                     std::vector<PutTensor>& tensors, ProgressBar& progress) {
-  const int touch_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // The window (FERRY_LOAD_WINDOW_BYTES, 256 MiB by default; 0: the whole files): a load holds
+  // about two windows of the files' pages beside the device copy (the one being put and the next,
+  // faulted in meanwhile), not the whole files. The next window is faulted in by
+  // FERRY_LOAD_READ_THREADS threads (one per core by default): that many reads in flight.
+  FERRY_ASSIGN_OR_RETURN(int64_t window_bytes, settings::LoadWindowBytes());
+  if (window_bytes == 0) window_bytes = std::numeric_limits<int64_t>::max();
+  FERRY_ASSIGN_OR_RETURN(const std::optional<int> read_threads, settings::LoadReadThreads());
+  const int touch_threads =
+      read_threads.value_or(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   const auto window_end = [&](size_t begin) {
     int64_t bytes = 0;
     size_t end = begin;
-    while (end < tensors.size() &&
-           (end == begin || bytes + tensors[end].bytes <= kLoadWindowBytes)) {
+    while (end < tensors.size() && (end == begin || bytes + tensors[end].bytes <= window_bytes)) {
       bytes += tensors[end++].bytes;
     }
     return end;

@@ -99,6 +99,10 @@ enum class HugePagesSetting { kAuto, kOn, kOff };
 StatusOr<HugePagesSetting> HostHugePages();
 // FERRY_HOST_MEMORY_LIMIT: each host device's memory limit in bytes; nullopt: none.
 StatusOr<std::optional<int64_t>> HostMemoryLimit();
+// FERRY_LOAD_READ_THREADS: threads that fault in a load's next window; nullopt: one per core.
+StatusOr<std::optional<int>> LoadReadThreads();
+// FERRY_LOAD_WINDOW_BYTES: bytes of a file a load puts at a time; 0: the whole file at once.
+StatusOr<int64_t> LoadWindowBytes();
 // FERRY_OPENCL_LIBRARY: the OpenCL library to dlopen; nullopt: the ICD loader, libOpenCL.so.1.
 std::optional<std::string> OpenClLibrary();
 // FERRY_PJRT_PLUGIN: the PJRT plugin (a path or a Python package name); nullopt: search for one.
