@@ -1208,7 +1208,7 @@ def load_file(
     names = list(arrays)
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     placed = {}
-    for window in _load_windows(names, arrays):
+    for window in _prefetched_windows(names, arrays):
         groups: dict[str | None, list[str]] = {}
         for name in window:
             applies = requested is not None and (
@@ -1254,28 +1254,64 @@ def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterato
         yield window
 
 
+def _contiguous_ranges(views: Iterable[np.ndarray]) -> list[tuple[int, int]]:
+    """(address, size) of the memory under `views`, neighbours merged (a window of a file's
+    tensors: one range, however many small tensors it holds; safetensors pads them to 8 bytes)."""
+    ranges: list[tuple[int, int]] = []
+    for address, nbytes in sorted((v.__array_interface__["data"][0], v.nbytes) for v in views
+                                  if v.nbytes):
+        if ranges and address - (ranges[-1][0] + ranges[-1][1]) <= 64:
+            begin, size = ranges[-1]
+            ranges[-1] = (begin, max(size, address + nbytes - begin))
+        else:
+            ranges.append((address, nbytes))
+    return ranges
+
+
 def _release_file_pages(views: Iterable[np.ndarray]) -> None:
     """Gives back the mapped file pages under `views` (read-only views of a mapped tensor file that
     a "copy" put has finished reading): they leave the process's memory, the page cache keeps them,
     and a later read of the views faults them in again with the same bytes. Memory that is not a
     mapped file's is left alone."""
-    # Neighbouring views (a window of a file's tensors) in one call: each call scans the table of
-    # live mappings, and a window may hold thousands of small tensors.
-    ranges = sorted((view.__array_interface__["data"][0], view.nbytes) for view in views if view.nbytes)
-    begin = end = None
-    for address, nbytes in ranges:
-        if begin is not None and address - end <= _CONTIGUOUS_GAP_BYTES:
-            end = max(end, address + nbytes)
-            continue
-        if begin is not None:
-            _ferry._release_mapped_pages(begin, end - begin)
-        begin, end = address, address + nbytes
-    if begin is not None:
-        _ferry._release_mapped_pages(begin, end - begin)
+    for address, size in _contiguous_ranges(views):
+        _ferry._release_mapped_pages(address, size)
 
 
-# Views this close together are given back in one call (safetensors pads tensors to 8 bytes).
-_CONTIGUOUS_GAP_BYTES = 64
+def _load_read_threads() -> int:
+    """FERRY_LOAD_READ_THREADS: how many threads fault in a load's next window (one per core by
+    default)."""
+    text = settings()["FERRY_LOAD_READ_THREADS"]["value"]
+    try:
+        return int(text) if text else max(1, os.cpu_count() or 1)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"FERRY_LOAD_READ_THREADS={text!r}: not a thread count (an integer from 1 to 1024)"
+        ) from None
+
+
+def _prefetched_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:
+    """_load_windows, each window's mapped pages faulted in ahead: the first before it is
+    yielded, each next one on a thread of its own (FERRY_LOAD_READ_THREADS reads in flight, without
+    the GIL) while the caller puts the current one; a cold file is read at the disk's rate, not one
+    page fault at a time."""
+    threads = _load_read_threads()
+
+    def fault_in(window: list[str]) -> None:
+        for address, size in _contiguous_ranges(arrays[name] for name in window):
+            _ferry._prefetch_mapped_pages(address, size, threads)
+
+    windows = list(_load_windows(names, arrays))
+    if windows:
+        fault_in(windows[0])
+    for index, window in enumerate(windows):
+        ahead = None
+        if index + 1 < len(windows):
+            ahead = threading.Thread(target=fault_in, args=(windows[index + 1],), daemon=True,
+                                     name="ferry-load-prefetch")
+            ahead.start()
+        yield window
+        if ahead is not None:
+            ahead.join()
 
 
 def shard_along(mesh: Mesh, dim: int = 0, axes: str | Sequence[str] | None = None,

@@ -220,7 +220,7 @@ def load_file(
     """
     import jax
 
-    from . import _NUMPY_DTYPES, _dtype_kind, _dtype_name, _load_windows, _release_file_pages
+    from . import _NUMPY_DTYPES, _dtype_kind, _dtype_name, _prefetched_windows, _release_file_pages
     from . import device_put as ferry_device_put
 
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
@@ -240,7 +240,7 @@ def load_file(
     # of the window's tensors into host:0, each converted on the way; the window's file pages are
     # then given back, so the load never holds the files and the converted copy at once.
     result: dict[str, Any] = {}
-    for window in _load_windows(list(tensors), tensors):
+    for window in _prefetched_windows(list(tensors), tensors):
         plans = []  # (name, global shape, jax sharding, [device, ...])
         views: list[np.ndarray] = []
         view_dtypes: list[str] = []

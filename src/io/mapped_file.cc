@@ -355,6 +355,21 @@ void MappedFile::ReleaseMemory(const void* begin, int64_t size) {
                                     });
 }
 
+void MappedFile::PrefetchMemory(const void* begin, int64_t size, int touch_threads) {
+  if (size <= 0) return;
+  struct Part {
+    const MappedFile* file;
+    int64_t offset;
+    int64_t count;
+  };
+  std::vector<Part> parts;
+  MappedFileSignals::ForEachOverlap(begin, size,
+                                    [&](const MappedFile& file, int64_t offset, int64_t count) {
+                                      parts.push_back({&file, offset, count});
+                                    });
+  for (const Part& part : parts) part.file->Prefetch(part.offset, part.count, touch_threads);
+}
+
 uint64_t MappedFile::VanishedPageEvents() {
   return MappedFileSignals::events.load(std::memory_order_relaxed);
 }

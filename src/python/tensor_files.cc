@@ -134,6 +134,16 @@ void AddTensorFileFunctions(nb::module_& module) {
       nb::arg("address"), nb::arg("size"),
       "Gives back the whole pages of [address, address + size) that lie in a mapped tensor file "
       "(MappedFile::ReleasePages): a load calls it on what it has put.");
+  module.def(
+      "_prefetch_mapped_pages",
+      [](uintptr_t address, int64_t size, int threads) {
+        ScopedGilRelease unlocked;
+        MappedFile::PrefetchMemory(reinterpret_cast<const void*>(address), size, threads);
+      },
+      nb::arg("address"), nb::arg("size"), nb::arg("threads"),
+      "Faults in the pages of [address, address + size) that lie in a mapped tensor file, from "
+      "`threads` threads at once (MappedFile::Prefetch), without the GIL; the caller holds views "
+      "of the mapping meanwhile.");
   module.def("_save_file", &SaveFile, nb::arg("path"), nb::arg("format"), nb::arg("names"),
              nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("metadata"),
              nb::arg("compressed"));

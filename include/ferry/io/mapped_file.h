@@ -84,6 +84,10 @@ class MappedFile {
   // MappedFile (memory of no mapping is left alone). For callers that hold only the address (a
   // numpy view of the mapping).
   static void ReleaseMemory(const void* begin, int64_t size);
+  // Prefetch(offset, size, touch_threads) for the memory [begin, begin + size) where it lies in a
+  // live mapping of a MappedFile. The caller keeps that mapping alive meanwhile (it holds views of
+  // it); the registry's lock is not held while the pages are read.
+  static void PrefetchMemory(const void* begin, int64_t size, int touch_threads);
 
   // OK, or DataLoss naming the file when pages of its mapping vanished (the file was truncated
   // while mapped) and were read since: what was read there reads as zeros, not as the file.
