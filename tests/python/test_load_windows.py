@@ -40,7 +40,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     after = _resident_bytes_at(address)
     assert after <= before - (15 << 20), (before, after)
     # A window faulted in ahead (from 2 threads, without the GIL) is resident again.
-    ferry._prefetch_mapped_pages(address, view.nbytes, 2)
+    ferry._ferry._prefetch_mapped_pages(address, view.nbytes, 2)
     assert _resident_bytes_at(address) >= 15 << 20
     np.testing.assert_array_equal(view, data)  # faulted in again, the same bytes
     # Memory that is not a mapped file's is left alone.
