@@ -1208,6 +1208,7 @@ def load_file(
     names = list(arrays)
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     placed = {}
+    target = _resolve_device(device)
     for window in _prefetched_windows(names, arrays):
         groups: dict[str | None, list[str]] = {}
         for name in window:
@@ -1216,8 +1217,12 @@ def load_file(
                 or _dtype_kind(_dtype_name(arrays[name].dtype.newbyteorder("="))) == _dtype_kind(requested))
             groups.setdefault(requested if applies else None, []).append(name)
         for dtype, group in groups.items():  # one batched put per device dtype
-            group_arrays = _device_put([arrays[n] for n in group], device, dtype, "copy", None,
-                                       tensor_names=group)
+            # Straight to the batched put: the file's tensors are numpy arrays, no pytree, and
+            # device_put's per-leaf work costs as much as the put for thousands of small tensors.
+            prepared = [_prepare(arrays[name], f"tensor {name!r}") for name in group]
+            group_arrays = _ferry.put_each([obj for obj, _ in prepared],
+                                           [override for _, override in prepared], target,
+                                           [dtype] * len(group), "copy", None, group)
             for name, array in zip(group, group_arrays):
                 placed[name] = array
         _release_file_pages(arrays[name] for name in window)
