@@ -1150,6 +1150,16 @@ def _dtype_kind(name: str) -> str:
     return "bool" if name == "bool" else "int"
 
 
+def _device_dtype_for(requested: str | None, stored: np.dtype, apply_to_all: bool) -> str | None:
+    """The device dtype a load asks for a tensor stored as `stored`: `requested` where it applies
+    (to every tensor with `apply_to_all`, else to the tensors of its kind), else None."""
+    if requested is None:
+        return None
+    if apply_to_all or _dtype_kind(_dtype_name(stored.newbyteorder("="))) == _dtype_kind(requested):
+        return requested
+    return None
+
+
 def load_file(
     path: str | os.PathLike,
     device: Device | str | None = None,
@@ -1209,13 +1219,11 @@ def load_file(
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     placed = {}
     target = _resolve_device(device)
-    for window in _prefetched_windows(names, arrays):
+    for window, ranges in _prefetched_windows(names, arrays):
         groups: dict[str | None, list[str]] = {}
         for name in window:
-            applies = requested is not None and (
-                device_dtype_all
-                or _dtype_kind(_dtype_name(arrays[name].dtype.newbyteorder("="))) == _dtype_kind(requested))
-            groups.setdefault(requested if applies else None, []).append(name)
+            dtype = _device_dtype_for(requested, arrays[name].dtype, device_dtype_all)
+            groups.setdefault(dtype, []).append(name)
         for dtype, group in groups.items():  # one batched put per device dtype
             # Straight to the batched put: the file's tensors are numpy arrays, no pytree, and
             # device_put's per-leaf work costs as much as the put for thousands of small tensors.
@@ -1225,27 +1233,14 @@ def load_file(
                                            [dtype] * len(group), "copy", None, group)
             for name, array in zip(group, group_arrays):
                 placed[name] = array
-        _release_file_pages(arrays[name] for name in window)
+        _release_file_pages(ranges)
     return {name: placed[name] for name in names}
-
-
-def _load_window_bytes() -> int:
-    """FERRY_LOAD_WINDOW_BYTES: a load puts this many bytes of a file at a time and then gives
-    their pages back (_release_file_pages), so that it never holds the whole file and the device
-    copy at once; 0: the whole file in one window."""
-    text = settings()["FERRY_LOAD_WINDOW_BYTES"]["value"]
-    try:
-        window = int(text) if text else 256 << 20
-    except ValueError:
-        raise InvalidArgumentError(
-            f"FERRY_LOAD_WINDOW_BYTES={text!r}: not a byte count (an integer >= 0)") from None
-    return window if window > 0 else 1 << 62
 
 
 def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:
     """The names in file order, in runs of at most FERRY_LOAD_WINDOW_BYTES (one tensor at
-    least)."""
-    limit = _load_window_bytes()
+    least; 0: one run)."""
+    limit = _ferry._load_window_bytes() or 1 << 62
     window: list[str] = []
     size = 0
     for name in names:
@@ -1273,45 +1268,36 @@ def _contiguous_ranges(views: Iterable[np.ndarray]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _release_file_pages(views: Iterable[np.ndarray]) -> None:
-    """Gives back the mapped file pages under `views` (read-only views of a mapped tensor file that
-    a "copy" put has finished reading): they leave the process's memory, the page cache keeps them,
-    and a later read of the views faults them in again with the same bytes. Memory that is not a
-    mapped file's is left alone."""
-    for address, size in _contiguous_ranges(views):
+def _release_file_pages(ranges: list[tuple[int, int]]) -> None:
+    """Gives back the mapped file pages in `ranges` (_contiguous_ranges of read-only views of a
+    mapped tensor file that a "copy" put has finished reading): they leave the process's memory,
+    the page cache keeps them, and a later read of the views faults them in again with the same
+    bytes. Memory that is not a mapped file's is left alone."""
+    for address, size in ranges:
         _ferry._release_mapped_pages(address, size)
 
 
-def _load_read_threads() -> int:
-    """FERRY_LOAD_READ_THREADS: how many threads fault in a load's next window (one per core by
-    default)."""
-    text = settings()["FERRY_LOAD_READ_THREADS"]["value"]
-    try:
-        return int(text) if text else max(1, os.cpu_count() or 1)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"FERRY_LOAD_READ_THREADS={text!r}: not a thread count (an integer from 1 to 1024)"
-        ) from None
+def _prefetched_windows(names: list[str], arrays: Mapping[str, np.ndarray]
+                        ) -> Iterator[tuple[list[str], list[tuple[int, int]]]]:
+    """_load_windows, each with the memory ranges of its views (for _release_file_pages), and
+    each window's mapped pages faulted in ahead: the first before it is yielded, each next one on
+    a thread of its own (FERRY_LOAD_READ_THREADS reads in flight, without the GIL) while the
+    caller puts the current one; a cold file is read at the disk's rate, not one page fault at a
+    time."""
+    threads = _ferry._load_read_threads()
+    windows = [(window, _contiguous_ranges(arrays[name] for name in window))
+               for window in _load_windows(names, arrays)]
 
-
-def _prefetched_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:
-    """_load_windows, each window's mapped pages faulted in ahead: the first before it is
-    yielded, each next one on a thread of its own (FERRY_LOAD_READ_THREADS reads in flight, without
-    the GIL) while the caller puts the current one; a cold file is read at the disk's rate, not one
-    page fault at a time."""
-    threads = _load_read_threads()
-
-    def fault_in(window: list[str]) -> None:
-        for address, size in _contiguous_ranges(arrays[name] for name in window):
+    def fault_in(ranges: list[tuple[int, int]]) -> None:
+        for address, size in ranges:
             _ferry._prefetch_mapped_pages(address, size, threads)
 
-    windows = list(_load_windows(names, arrays))
     if windows:
-        fault_in(windows[0])
+        fault_in(windows[0][1])
     for index, window in enumerate(windows):
         ahead = None
         if index + 1 < len(windows):
-            ahead = threading.Thread(target=fault_in, args=(windows[index + 1],), daemon=True,
+            ahead = threading.Thread(target=fault_in, args=(windows[index + 1][1],), daemon=True,
                                      name="ferry-load-prefetch")
             ahead.start()
         yield window
@@ -1397,12 +1383,11 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
     placed: dict[str, Array] = {}
     with distributed.agreed("load_file: putting the shards"):
         for name, array in arrays.items():
-            applies = requested is not None and (
-                device_dtype_all
-                or _dtype_kind(_dtype_name(array.dtype.newbyteorder("="))) == _dtype_kind(requested))
             # Only this process's shards' bytes, not the kernel's read-around past their edges.
             _ferry._advise_shard_reads(*_prepare(array), shardings[name]._sharding)
-            placed[name] = device_put(array, shardings[name], device_dtype=requested if applies else None)
+            placed[name] = device_put(
+                array, shardings[name],
+                device_dtype=_device_dtype_for(requested, array.dtype, device_dtype_all))
         for each in placed.values():
             each.block_until_ready()
     return placed

@@ -22,7 +22,7 @@ from __future__ import annotations
 import ctypes
 import fnmatch
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -220,7 +220,8 @@ def load_file(
     """
     import jax
 
-    from . import _NUMPY_DTYPES, _dtype_kind, _dtype_name, _prefetched_windows, _release_file_pages
+    from . import (_NUMPY_DTYPES, _device_dtype_for, _dtype_name, _prefetched_windows,
+                   _release_file_pages)
     from . import device_put as ferry_device_put
 
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
@@ -240,16 +241,14 @@ def load_file(
     # of the window's tensors into host:0, each converted on the way; the window's file pages are
     # then given back, so the load never holds the files and the converted copy at once.
     result: dict[str, Any] = {}
-    for window in _prefetched_windows(list(tensors), tensors):
+    for window, ranges in _prefetched_windows(list(tensors), tensors):
         plans = []  # (name, global shape, jax sharding, [device, ...])
         views: list[np.ndarray] = []
         view_dtypes: list[str] = []
         for name in window:
             view = tensors[name]
-            logical = _dtype_name(view.dtype.newbyteorder("="))
-            applies = requested is not None and (
-                dtype_all or _dtype_kind(logical) == _dtype_kind(requested))
-            stored = requested if applies else logical
+            stored = (_device_dtype_for(requested, view.dtype, dtype_all)
+                      or _dtype_name(view.dtype.newbyteorder("=")))
             stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
             tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
             devices = []
@@ -260,7 +259,7 @@ def load_file(
                 view_dtypes.append(stored)
             plans.append((name, tuple(view.shape), tensor_sharding, devices))
         host_arrays = ferry_device_put(views, "host:0", device_dtype=view_dtypes)
-        _release_file_pages(tensors[name] for name in window)
+        _release_file_pages(ranges)
 
         # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where
         # the device's memory is host memory and the address 64-byte aligned, as ferry's is).

@@ -5,12 +5,15 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ferry/core/settings.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/io/tensor_writer.h"
@@ -134,6 +137,23 @@ void AddTensorFileFunctions(nb::module_& module) {
       nb::arg("address"), nb::arg("size"),
       "Gives back the whole pages of [address, address + size) that lie in a mapped tensor file "
       "(MappedFile::ReleasePages): a load calls it on what it has put.");
+  module.def(
+      "_load_window_bytes",
+      [] {
+        StatusOr<int64_t> bytes = settings::LoadWindowBytes();
+        ThrowIfError(bytes.status());
+        return *bytes;
+      },
+      "FERRY_LOAD_WINDOW_BYTES (0: the whole file in one window); a bad value raises.");
+  module.def(
+      "_load_read_threads",
+      [] {
+        StatusOr<std::optional<int>> threads = settings::LoadReadThreads();
+        ThrowIfError(threads.status());
+        return threads->value_or(
+            std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+      },
+      "FERRY_LOAD_READ_THREADS, or one per core; a bad value raises.");
   module.def(
       "_prefetch_mapped_pages",
       [](uintptr_t address, int64_t size, int threads) {

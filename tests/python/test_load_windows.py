@@ -1,5 +1,5 @@
 """load_file puts a file window by window and gives each window's mapped pages back once put
-(ferry._LOAD_WINDOW_BYTES, ferry._release_file_pages), so that a load does not hold the file and
+(FERRY_LOAD_WINDOW_BYTES, ferry._release_file_pages), so that a load does not hold the file and
 the device copy at once (docs/performance.md)."""
 
 import numpy as np
@@ -36,7 +36,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     assert float(view.sum(dtype=np.float64)) == float(data.sum(dtype=np.float64))  # all resident
     before = _resident_bytes_at(address)
     assert before >= 15 << 20
-    ferry._release_file_pages([view])
+    ferry._release_file_pages(ferry._contiguous_ranges([view]))
     after = _resident_bytes_at(address)
     assert after <= before - (15 << 20), (before, after)
     # A window faulted in ahead (from 2 threads, without the GIL) is resident again.
@@ -44,7 +44,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     assert _resident_bytes_at(address) >= 15 << 20
     np.testing.assert_array_equal(view, data)  # faulted in again, the same bytes
     # Memory that is not a mapped file's is left alone.
-    ferry._release_file_pages([data])
+    ferry._release_file_pages(ferry._contiguous_ranges([data]))
     assert data[-1] == (4 << 20) - 1
 
 
