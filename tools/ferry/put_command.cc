@@ -118,6 +118,16 @@ StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
   return result;  // differing == 0: only bit patterns differ (NaN payloads, -0.0)
 }
 
+// Gives back the mapped pages under `tensor`'s bytes (MappedFile::ReleasePages) once they have
+// been read: not for an inflated .npz member (no pages of the file), nor where a device array
+// aliases the file (zero_copy on the host), which would fault them in again.
+void ReleaseFilePages(const std::vector<TensorFile>& files, const PutTensor& tensor) {
+  if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0) return;
+  const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
+  if (first->buffer().is_alias()) return;
+  files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
+}
+
 // Seconds to memcpy every tensor's bytes (contiguous runs of the file data) through a 64 MiB
 // scratch buffer: the yardstick of the same bytes, timed in the same run.
 // The mapped pages each tensor faulted in are given back after its copy (outside the timing), as
@@ -138,10 +148,7 @@ double TimeMemcpyOf(const std::vector<TensorFile>& files, const std::vector<PutT
       std::memcpy(scratch.data(), begin + done, static_cast<size_t>(count));
     }
     copying += std::chrono::steady_clock::now() - start;
-    const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
-    if (tensor.entry.zero_copy && tensor.entry.file_offset >= 0 && !first->buffer().is_alias()) {
-      files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
-    }
+    ReleaseFilePages(files, tensor);
   }
   return std::chrono::duration<double>(copying).count();
 }
@@ -337,13 +344,7 @@ Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& targe
     if (moved.ok()) moved = AwaitTransfers(window, done_bytes, progress);
     next_window.join();
     FERRY_RETURN_IF_ERROR(moved);
-    for (const PutTensor& tensor : window) {
-      const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
-      if (first->buffer().is_alias() || !tensor.entry.zero_copy || tensor.entry.file_offset < 0) {
-        continue;
-      }
-      files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
-    }
+    for (const PutTensor& tensor : window) ReleaseFilePages(files, tensor);
     begin = end;
     end = next_end;
   }
