@@ -61,6 +61,24 @@ const ThpSettings& KernelThpSettings() {
   return *settings;
 }
 
+constexpr uint64_t kAdviseHugePages = 1;
+constexpr uint64_t kRefuseHugePages = 2;
+
+// HostHugePagePolicy's advice as the two bits above, from a copy kept with the SettingsGeneration()
+// it was made at: an allocation neither reads the setting nor formats the policy's reason unless
+// SetSetting or ClearSetting ran since.
+uint64_t HugePageAdvice() {
+  static std::atomic<uint64_t> cached{~uint64_t{0}};  // generation << 2 | advice bits
+  const uint64_t generation = SettingsGeneration();
+  const uint64_t value = cached.load(std::memory_order_acquire);
+  if (value >> 2 == generation) return value & 3;
+  const HugePagePolicy policy = HostHugePagePolicy();
+  const uint64_t advice =
+      (policy.advise ? kAdviseHugePages : 0) | (policy.refuse ? kRefuseHugePages : 0);
+  cached.store(generation << 2 | advice, std::memory_order_release);
+  return advice;
+}
+
 std::byte* AllocateFromSystem(int64_t size_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t size = static_cast<size_t>(std::max<int64_t>(size_bytes, 1));
@@ -69,10 +87,10 @@ std::byte* AllocateFromSystem(int64_t size_bytes) {
   const size_t rounded = (size + alignment - 1) / alignment * alignment;
   void* memory = std::aligned_alloc(alignment, rounded);
   if (memory != nullptr && alignment == kHugePage) {
-    const HugePagePolicy policy = HostHugePagePolicy();
+    const uint64_t advice = HugePageAdvice();
     // Advice only: a failure changes nothing.
-    if (policy.advise) madvise(memory, rounded, MADV_HUGEPAGE);
-    if (policy.refuse) madvise(memory, rounded, MADV_NOHUGEPAGE);
+    if (advice & kAdviseHugePages) madvise(memory, rounded, MADV_HUGEPAGE);
+    if (advice & kRefuseHugePages) madvise(memory, rounded, MADV_NOHUGEPAGE);
   }
   return static_cast<std::byte*>(memory);
 }
