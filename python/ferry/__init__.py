@@ -15,7 +15,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-import ml_dtypes
 import numpy as np
 
 # The pjrt backend finds PJRT plugins shipped by installed packages (xla-cpu-pjrt, a CUDA or TPU
@@ -188,25 +187,79 @@ for _code, _cls in _ERROR_CLASSES.items():
     _ferry._register_error(_code, _cls)
 _ERROR_CODES = {_cls: _code for _code, _cls in _ERROR_CLASSES.items()}
 
-# dtype names (ferry's canonical ones) <-> numpy dtypes; ml_dtypes gives numpy its bf16 and f8.
-_NUMPY_DTYPES = {
-    name: np.dtype(name)
-    for name in (
-        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
-    )
-}
-_NUMPY_DTYPES["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
-_NUMPY_DTYPES["float8_e4m3fn"] = np.dtype(ml_dtypes.float8_e4m3fn)
-_NUMPY_DTYPES["float8_e5m2"] = np.dtype(ml_dtypes.float8_e5m2)
-# Types numpy's buffer protocol cannot express travel as unsigned ints of their size.
-_VIEWED_AS_UINT = {
-    np.dtype(ml_dtypes.bfloat16): ("bfloat16", np.uint16),
-    np.dtype(ml_dtypes.float8_e4m3fn): ("float8_e4m3fn", np.uint8),
-    np.dtype(ml_dtypes.float8_e5m2): ("float8_e5m2", np.uint8),
-}
 _SEMANTICS = ("copy", "async", "zero_copy")
-_NUMPY_DTYPE_SET = set(_NUMPY_DTYPES.values())
+
+
+_NPY_USERDEF = 256  # numpy's first type number of a user-defined dtype
+
+
+class _DtypeTable(Mapping):
+    """ferry's dtype names (its canonical ones, in this order) -> numpy dtypes.
+
+    bfloat16 and the float8s are ml_dtypes' numpy dtypes; ml_dtypes is imported the first time one
+    of them is asked for (importing it takes about 0.5 s, as long as the rest of `import ferry`
+    with numpy ten times over), so a process that never meets them in numpy (a torch or JAX
+    caller, the `ferry` command) does not pay for it. ml_dtypes' are numpy user-defined dtypes
+    (type numbers from NPY_USERDEF, 256, on), so lookups by dtype import it only for those.
+    """
+
+    _BUILTIN = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128")
+    # Types numpy's buffer protocol cannot express travel as unsigned ints of their size.
+    _ML_DTYPE_CARRIERS = {"bfloat16": np.uint16, "float8_e4m3fn": np.uint8,
+                          "float8_e5m2": np.uint8}
+
+    def __init__(self) -> None:
+        self._dtypes = {name: np.dtype(name) for name in self._BUILTIN}
+        self._builtin_set = set(self._dtypes.values())
+        self._names = self._BUILTIN + tuple(self._ML_DTYPE_CARRIERS)
+        self._viewed_as_uint: dict[np.dtype, tuple[str, type]] | None = None
+
+    def _ml_dtypes(self) -> dict[np.dtype, tuple[str, type]]:
+        if self._viewed_as_uint is None:
+            import ml_dtypes
+
+            viewed = {}
+            for name, carrier in self._ML_DTYPE_CARRIERS.items():
+                self._dtypes[name] = np.dtype(getattr(ml_dtypes, name))
+                viewed[self._dtypes[name]] = (name, carrier)
+            self._viewed_as_uint = viewed
+        return self._viewed_as_uint
+
+    def __getitem__(self, name: str) -> np.dtype:
+        if name in self._ML_DTYPE_CARRIERS:
+            self._ml_dtypes()
+        return self._dtypes[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def viewed_as_uint(self, dtype: np.dtype) -> tuple[str, type] | None:
+        """(ferry's name, the unsigned carrier) for an ml_dtypes dtype; None for any other."""
+        return self._ml_dtypes().get(dtype) if dtype.num >= _NPY_USERDEF else None
+
+    def has(self, dtype: np.dtype) -> bool:
+        """Whether ferry has this numpy dtype (in either byte order)."""
+        dtype = dtype.newbyteorder("=")
+        return dtype in self._builtin_set or self.viewed_as_uint(dtype) is not None
+
+    def name_of(self, dtype: np.dtype) -> str | None:
+        if dtype.num >= _NPY_USERDEF:
+            viewed = self.viewed_as_uint(dtype)
+            return None if viewed is None else viewed[0]
+        for name in self._BUILTIN:
+            if self._dtypes[name] == dtype:
+                return name
+        return None
+
+
+_NUMPY_DTYPES = _DtypeTable()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -225,9 +278,9 @@ def _dtype_name(dtype: Any) -> str:
     except TypeError as error:
         raise InvalidArgumentError(
             f"unknown dtype {dtype!r} (ferry's dtypes: {', '.join(_NUMPY_DTYPES)})") from error
-    for name, candidate in _NUMPY_DTYPES.items():
-        if candidate == numpy_dtype:
-            return name
+    name = _NUMPY_DTYPES.name_of(numpy_dtype)
+    if name is not None:
+        return name
     raise InvalidArgumentError(f"dtype {numpy_dtype} has no ferry equivalent")
 
 
@@ -302,7 +355,7 @@ def _check_foreign_dtype(x: Any, where: str) -> None:
         numpy_dtype = np.dtype(dtype)
     except TypeError:
         return  # not a dtype numpy knows: let the buffer or DLPack path say what it can
-    if numpy_dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET and numpy_dtype not in _VIEWED_AS_UINT:
+    if not _NUMPY_DTYPES.has(numpy_dtype):
         raise InvalidArgumentError(
             f"{where}: {framework} dtype {numpy_dtype} has no ferry dtype (ferry has "
             f"{', '.join(_NUMPY_DTYPES)})")
@@ -332,10 +385,10 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     `where` names the input in errors ("item 3")."""
     if type(x) is not np.ndarray:  # numpy arrays (a file's tensors) skip the other inputs' checks
         x = _prepare_other(x, where)
-    viewed = _VIEWED_AS_UINT.get(x.dtype) if isinstance(x, np.ndarray) else None
+    viewed = _NUMPY_DTYPES.viewed_as_uint(x.dtype) if isinstance(x, np.ndarray) else None
     if viewed is not None:
         return x.view(viewed[1]), viewed[0]
-    if isinstance(x, np.ndarray) and x.dtype.newbyteorder("=") not in _NUMPY_DTYPE_SET:
+    if isinstance(x, np.ndarray) and not _NUMPY_DTYPES.has(x.dtype):
         raise InvalidArgumentError(
             f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
             f"{', '.join(_NUMPY_DTYPES)})")
@@ -1012,7 +1065,7 @@ def _start_read_into(x: Any, out: Any, what: str) -> HostRead:
                 f"{what}: {where} is the same numpy array as out{seen[id(leaf)]}: each array "
                 "needs its own")
         seen[id(leaf)] = path
-        viewed = _VIEWED_AS_UINT.get(leaf.dtype)
+        viewed = _NUMPY_DTYPES.viewed_as_uint(leaf.dtype)
         arrays.append(array)
         leaves.append(leaf if viewed is None else leaf.view(viewed[1]))
         overrides.append(None if viewed is None else viewed[0])
@@ -1137,6 +1190,32 @@ def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = No
     return TensorFile(path, format_name, metadata, entries)
 
 
+@dataclass(frozen=True)
+class _StoredTensor:
+    """A tensor of a file as a put reads it: `data` the stored bytes as a read-only numpy view
+    (uint16/uint8 for a dtype numpy lacks, `override` then naming it), `dtype` ferry's name of
+    the stored dtype. What load_file puts, without making ml_dtypes views (its import alone takes
+    longer than loading a 1 GiB file)."""
+
+    data: np.ndarray
+    override: str | None
+    dtype: str
+
+
+def _stored_tensors(path: str | os.PathLike, names: Any, pattern: Any,
+                    exclude: Any) -> dict[str, _StoredTensor]:
+    _, _, raw = _ferry._load_file(os.fspath(path), _string_list(names, "names"),
+                                  _string_list(pattern, "pattern"),
+                                  _string_list(exclude, "exclude"))
+    stored = {}
+    for name, data, dtype_name, _, byte_swapped in raw:
+        if byte_swapped:  # big-endian: the source swaps as it reads (as open_file's view)
+            data = data.view(_NUMPY_DTYPES[dtype_name].newbyteorder(">"))
+        override = None if data.dtype.kind != "u" or dtype_name.startswith("uint") else dtype_name
+        stored[name] = _StoredTensor(data, override, dtype_name)
+    return stored
+
+
 def _dtype_kind(name: str) -> str:
     """"float", "complex", "int" (signed or unsigned) or "bool", for a ferry dtype name; the
     storage-only float8 types are each a kind of their own (they convert to nothing else, so a
@@ -1150,12 +1229,14 @@ def _dtype_kind(name: str) -> str:
     return "bool" if name == "bool" else "int"
 
 
-def _device_dtype_for(requested: str | None, stored: np.dtype, apply_to_all: bool) -> str | None:
+def _device_dtype_for(requested: str | None, stored: np.dtype | str,
+                      apply_to_all: bool) -> str | None:
     """The device dtype a load asks for a tensor stored as `stored`: `requested` where it applies
     (to every tensor with `apply_to_all`, else to the tensors of its kind), else None."""
     if requested is None:
         return None
-    if apply_to_all or _dtype_kind(_dtype_name(stored.newbyteorder("="))) == _dtype_kind(requested):
+    stored_name = stored if isinstance(stored, str) else _dtype_name(stored.newbyteorder("="))
+    if apply_to_all or _dtype_kind(stored_name) == _dtype_kind(requested):
         return requested
     return None
 
@@ -1187,11 +1268,14 @@ def load_file(
 
     Without `device` (and `device_dtype`): read-only numpy arrays, zero-copy views of the mapped
     file where the data is stored little-endian and uncompressed; each array keeps the mapping
-    alive until it is gone. With `device`: ferry.Arrays, put there straight from the mapped file
-    in batched `device_put`s of 256 MiB of the file each, whose mapped pages are given back once
-    put (the load never holds the file and the arrays at once); the file is unmapped when the
-    call returns. `device_dtype`
-    applies to the tensors of its kind (a floating-point dtype to floating-point tensors, an
+    alive until it is gone. With `device`: ferry.Arrays. On a device whose memory is the host's
+    (host:N), each tensor stored as it is kept (uncompressed, little-endian, 64 KiB or more) is
+    read from the file straight into its device memory with pread, FERRY_LOAD_READ_THREADS reads
+    at once, never mapped into the process: the load holds one copy of the bytes. The others, and
+    every tensor on other devices, are put straight from the mapped file in batched
+    `device_put`s of 256 MiB of the file each, whose mapped pages are given back once put (the
+    load never holds the file and the arrays at once); the file is unmapped when the call
+    returns. `device_dtype` applies to the tensors of its kind (a floating-point dtype to floating-point tensors, an
     integer one to integer tensors: `"bfloat16"` leaves integer ids and masks alone), like
     `ferry put --device-dtype`; `device_dtype_all=True` applies it to every tensor.
 
@@ -1212,29 +1296,52 @@ def load_file(
                 "devices)")
         return _load_file_sharded(path, sharding, device_dtype, device_dtype_all,
                                   dict(names=names, pattern=pattern, exclude=exclude))
-    arrays = dict(open_file(path, names=names, pattern=pattern, exclude=exclude))
     if device is None and device_dtype is None:
-        return arrays
-    names = list(arrays)
+        return dict(open_file(path, names=names, pattern=pattern, exclude=exclude))
+    stored = _stored_tensors(path, names, pattern, exclude)
+    names = list(stored)
+    views = {name: tensor.data for name, tensor in stored.items()}
     requested = None if device_dtype is None else _dtype_name(device_dtype)
-    placed = {}
     target = _resolve_device(device)
-    for window, ranges in _prefetched_windows(names, arrays):
+    dtypes = {name: _device_dtype_for(requested, tensor.dtype, device_dtype_all)
+              for name, tensor in stored.items()}
+    placed = _read_in_place(names, stored, dtypes, target)
+    rest = [name for name in names if name not in placed]
+    for window, ranges in _prefetched_windows(rest, views):
         groups: dict[str | None, list[str]] = {}
         for name in window:
-            dtype = _device_dtype_for(requested, arrays[name].dtype, device_dtype_all)
-            groups.setdefault(dtype, []).append(name)
+            groups.setdefault(dtypes[name], []).append(name)
         for dtype, group in groups.items():  # one batched put per device dtype
             # Straight to the batched put: the file's tensors are numpy arrays, no pytree, and
             # device_put's per-leaf work costs as much as the put for thousands of small tensors.
-            prepared = [_prepare(arrays[name], f"tensor {name!r}") for name in group]
-            group_arrays = _ferry.put_each([obj for obj, _ in prepared],
-                                           [override for _, override in prepared], target,
+            group_arrays = _ferry.put_each([stored[name].data for name in group],
+                                           [stored[name].override for name in group], target,
                                            [dtype] * len(group), "copy", None, group)
             for name, array in zip(group, group_arrays):
                 placed[name] = array
         _release_file_pages(ranges)
     return {name: placed[name] for name in names}
+
+
+def _read_in_place(names: list[str], stored: Mapping[str, _StoredTensor],
+                   dtypes: Mapping[str, str | None], target: Device | None) -> dict[str, Array]:
+    """The tensors of a load that go from the file straight into the device's memory, where that
+    memory is the host's (the host backend): read with pread, window by window (so that Ctrl-C
+    is seen between windows), `FERRY_LOAD_READ_THREADS` reads in flight; the mapping is never
+    touched for them. Those stored as they are kept (dense, little-endian, 64 KiB or more, the
+    device dtype their own); the caller puts the others from the mapping."""
+    target = target if target is not None else _ferry.device("host:0")
+    if not _ferry._device_memory_is_host_writable(target):
+        return {}
+    threads = _ferry._load_read_threads()
+    placed = {}
+    views = {name: stored[name].data for name in names}
+    for window in _load_windows(names, views):
+        read = _ferry._read_in_place([stored[name].data for name in window],
+                                     [stored[name].override for name in window], target,
+                                     [dtypes[name] for name in window], window, threads)
+        placed.update((name, array) for name, array in zip(window, read) if array is not None)
+    return placed
 
 
 def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:

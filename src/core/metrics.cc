@@ -281,6 +281,7 @@ FERRY_DEFINE_COUNTER(ZeroCopyAliases)
 FERRY_DEFINE_COUNTER(ZeroCopyFallbacks)
 FERRY_DEFINE_COUNTER(ReplicaDeviceCopies)
 FERRY_DEFINE_COUNTER(StagingBytes)
+FERRY_DEFINE_COUNTER(FileBytesReadInPlace)
 
 #define FERRY_DEFINE_GAUGE(Name, unit)                             \
   Gauge* Name() {                                                  \

@@ -73,8 +73,10 @@ constexpr SettingInfo kSettings[] = {
      "ClientOptions::capabilities (memory_limit_bytes)",
      "Each host device's memory limit in bytes (a transfer beyond it is ResourceExhausted)."},
     {"FERRY_LOAD_READ_THREADS", SettingScope::kProcess, kThreadCount, "none: one per core", "",
-     "How many threads fault in the next window of a file being loaded (`ferry put`): that many "
-     "reads in flight, which a cold file on a fast disk needs to reach its bandwidth."},
+     "How many reads of a file being loaded are in flight at once (`ferry put`, "
+     "`load_file(path, device)`): the threads that read tensors straight into host-writable "
+     "device memory (pread) and those that fault in the next window of the mapped file; a cold "
+     "file on a fast disk needs several to reach its bandwidth."},
     {"FERRY_LOAD_WINDOW_BYTES", SettingScope::kProcess, kByteCount, "268435456 (256 MiB)", "",
      "How many bytes of a file a load puts at a time (`ferry put`, `load_file(path, device)`, "
      "`ferry.jax.load_file`) before it gives their mapped pages back; the load holds about two "

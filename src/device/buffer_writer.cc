@@ -27,6 +27,26 @@ Future<> BufferWriter::Write(int64_t offset_bytes, const void* data, int64_t siz
     return Future<>::Ready(InvalidArgumentError(
         fmt::format("write to tensor '{}': {}", name_, std::string(status.message()))));
   }
+  return RecordAndWrite("write", offset_bytes, data, size_bytes);
+}
+
+Status BufferWriter::Written(int64_t offset_bytes, int64_t size_bytes) {
+  void* base = HostWritableBytes();
+  if (base == nullptr) {
+    return FailedPreconditionError(fmt::format(
+        "tensor '{}' on {}: its buffer is not host memory this process can write; use Write",
+        name_, memory_kind_));
+  }
+  if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, base); !status.ok()) {
+    return InvalidArgumentError(
+        fmt::format("in-place write to tensor '{}': {}", name_, std::string(status.message())));
+  }
+  Future<> recorded = RecordAndWrite("in-place write", offset_bytes, nullptr, size_bytes);
+  return recorded.Await();
+}
+
+Future<> BufferWriter::RecordAndWrite(std::string_view what, int64_t offset_bytes,
+                                      const void* data, int64_t size_bytes) {
   // A write after the end is refused without the fill lock: a continuation on Ready() runs while
   // the write that completed the buffer still holds it.
   if (Status ended = EndedError(); !ended.ok()) return Future<>::Ready(ended);
@@ -37,7 +57,7 @@ Future<> BufferWriter::Write(int64_t offset_bytes, const void* data, int64_t siz
     MutexLock lock(mutex_);
     if (ended_) {
       return Future<>::Ready(FailedPreconditionError(fmt::format(
-          "write to tensor '{}': its fill has ended (complete, aborted or failed)", name_)));
+          "{} to tensor '{}': its fill has ended (complete, aborted or failed)", what, name_)));
     }
     if (size_bytes == 0) return Future<>::Ready(OkStatus());
     // The first range that ends after this one begins must begin at or after this one's end.
@@ -48,8 +68,8 @@ Future<> BufferWriter::Write(int64_t offset_bytes, const void* data, int64_t siz
     }
     if (next != written_.end() && next->first < end) {
       return Future<>::Ready(InvalidArgumentError(
-          fmt::format("write to tensor '{}': bytes [{}, {}) overlap bytes [{}, {}) written before",
-                      name_, offset_bytes, end, next->first, next->second)));
+          fmt::format("{} to tensor '{}': bytes [{}, {}) overlap bytes [{}, {}) written before",
+                      what, name_, offset_bytes, end, next->first, next->second)));
     }
     // Recorded before the backend runs: a continuation of the last write sees every byte, and
     // the fill has ended for it. Undone below if the backend refuses the write.

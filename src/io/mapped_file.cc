@@ -234,7 +234,7 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& 
     file->is_mapped_ = true;
     file->slot_ = MappedFileSignals::Register(file.get());
   }
-  ::close(fd);  // the mapping keeps the file's contents reachable
+  file->fd_ = fd;  // kept for ReadAt
   return std::shared_ptr<const MappedFile>(std::move(file));
 }
 
@@ -256,6 +256,7 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::FromBytes(absl::Span<con
 }
 
 MappedFile::~MappedFile() {
+  if (fd_ >= 0) ::close(fd_);
   if (data_ == nullptr) return;
   if (is_mapped_) {
     if (slot_ >= 0) MappedFileSignals::Unregister(slot_);
@@ -263,6 +264,34 @@ MappedFile::~MappedFile() {
   } else {
     ::operator delete[](const_cast<std::byte*>(data_), kBytesAlignment);
   }
+}
+
+Status MappedFile::ReadAt(int64_t offset, int64_t size, void* dst) const {
+  if (fd_ < 0) {
+    return FailedPreconditionError(
+        fmt::format("'{}' is bytes in memory, not a file: it cannot be read with pread",
+                    display_name_));
+  }
+  auto* out = static_cast<std::byte*>(dst);
+  int64_t done = 0;
+  while (done < size) {
+    // At most 1 GiB a call: Linux reads at most about 2 GiB per pread.
+    const size_t count = static_cast<size_t>(std::min<int64_t>(size - done, int64_t{1} << 30));
+    const ssize_t got = ::pread(fd_, out + done, count, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError(errno, fmt::format("cannot read bytes {} to {} of '{}'", offset + done,
+                                           offset + size, display_name_));
+    }
+    if (got == 0) {
+      return absl::DataLossError(fmt::format(
+          "'{}' ends at byte {}, before the {} bytes at offset {} it held when opened (the file "
+          "was truncated while open)",
+          display_name_, offset + done, size, offset));
+    }
+    done += got;
+  }
+  return OkStatus();
 }
 
 void MappedFile::Prefetch(int64_t offset, int64_t size, int touch_threads) const {
@@ -353,6 +382,16 @@ void MappedFile::ReleaseMemory(const void* begin, int64_t size) {
                                     [](const MappedFile& file, int64_t offset, int64_t count) {
                                       file.ReleasePages(offset, count);
                                     });
+}
+
+std::optional<MappedFile::Location> MappedFile::Locate(const void* begin, int64_t size) {
+  if (size <= 0 || !AnyMapped()) return std::nullopt;
+  std::optional<Location> found;
+  MappedFileSignals::ForEachOverlap(begin, size,
+                                    [&](const MappedFile& file, int64_t offset, int64_t count) {
+                                      if (count == size) found = Location{&file, offset};
+                                    });
+  return found;
 }
 
 void MappedFile::PrefetchMemory(const void* begin, int64_t size, int touch_threads) {

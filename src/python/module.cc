@@ -27,6 +27,7 @@
 #include "ferry/device/registry.h"
 #include "ferry/distributed/global_devices.h"
 #include "ferry/io/mapped_file.h"
+#include "ferry/runtime/file_read.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "ferry/version.h"
@@ -678,6 +679,44 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
   return arrays;
 }
 
+// load_file's in-place reads: for each object (a read-only numpy view of a mapped tensor file,
+// from _load_file), an Array read from the file straight into `device`'s memory
+// (ReadFileTensors: pread, the mapping never touched), or None where that path does not apply
+// (the caller puts those with put_each). The reads run without the GIL, `read_threads` at once;
+// on return every Array is ready.
+std::vector<std::optional<Array>> ReadInPlace(
+    const std::vector<nb::object>& objects,
+    const std::vector<std::optional<std::string>>& dtype_overrides, Device* device,
+    const std::vector<std::optional<std::string>>& device_dtypes,
+    const std::vector<std::string>& tensor_names, int read_threads) {
+  ApiScope api;
+  CheckDeviceUsable(device);
+  if (device_dtypes.size() != objects.size() || tensor_names.size() != objects.size()) {
+    throw StatusError{InvalidArgumentError(fmt::format(
+        "{} device dtypes and {} names for {} arrays", device_dtypes.size(), tensor_names.size(),
+        objects.size()))};
+  }
+  auto sources = SourcesFromPython(objects, dtype_overrides, "array", nullptr, &tensor_names);
+  std::vector<FileTensorRead> reads;
+  reads.reserve(sources.size());
+  for (size_t i = 0; i < sources.size(); ++i) {
+    reads.push_back(FileTensorRead::OfMemory(
+        sources[i].get(),
+        device_dtypes[i].has_value() ? std::optional(ParseDType(*device_dtypes[i])) : std::nullopt));
+  }
+  StatusOr<std::vector<DataPtr>> read;
+  {
+    ScopedGilRelease unlocked;
+    read = ReadFileTensors(reads, device, read_threads);
+  }
+  std::vector<DataPtr> handles = ValueOrThrow(std::move(read));
+  std::vector<std::optional<Array>> arrays(handles.size());
+  for (size_t i = 0; i < handles.size(); ++i) {
+    if (handles[i] != nullptr) arrays[i].emplace(std::move(handles[i]));
+  }
+  return arrays;
+}
+
 std::vector<Array> Put(const std::vector<nb::object>& objects,
                        const std::vector<std::optional<std::string>>& dtype_overrides,
                        Device* device, std::optional<std::string> device_dtype,
@@ -1153,6 +1192,17 @@ NB_MODULE(_ferry, m) {
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
         nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
+  m.def("_read_in_place", &ReadInPlace, nb::arg("objects"), nb::arg("dtype_overrides"),
+        nb::arg("device"), nb::arg("device_dtypes"), nb::arg("tensor_names"),
+        nb::arg("read_threads"));
+  m.def(
+      "_device_memory_is_host_writable",
+      [](Device* device) {
+        CheckDeviceUsable(device);
+        ScopedGilRelease unlocked;
+        return DeviceMemoryIsHostWritable(*device);
+      },
+      nb::arg("device"));
   m.def("get", &Get, nb::arg("arrays"));
   m.def("read_into", &ReadInto, nb::arg("arrays"), nb::arg("out"), nb::arg("leaves"),
         nb::arg("overrides"), nb::arg("what"));

@@ -70,6 +70,40 @@ TEST_P(ConformanceWriter, PiecesInAnyOrderFillTheBufferExactly) {
   }
 }
 
+// In-place filling (HostWritableBytes + Written): where a backend hands out its buffer's host
+// memory, ranges written there and reported complete the buffer exactly as Writes would, mixed
+// with Writes, overlaps refused; where it does not, Written is FailedPrecondition and the fill
+// goes on through Write.
+TEST_P(ConformanceWriter, InPlaceRangesFillTheBufferWhereTheHostCanWriteIt) {
+  const Dims dims = {64, 16};
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, dims);
+  const int64_t size = source.size();
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<BufferWriter> writer,
+                          client().CreateBufferWriter(DType::kF32, dims, device(), {}, "in place"));
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  auto* bytes = static_cast<std::byte*>(writer->HostWritableBytes());
+  if (bytes == nullptr) {
+    const Status refused = writer->Written(0, size);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    CT_ASSERT_READY_OK(writer->Write(0, source.data(), size));
+  } else {
+    const int64_t half = size / 2;
+    std::memcpy(bytes + half, source.data() + half, static_cast<size_t>(size - half));
+    CT_ASSERT_OK(writer->Written(half, size - half));
+    EXPECT_FALSE(AwaitFor(buffer->Ready(), std::chrono::milliseconds(0)).has_value())
+        << "ready before its first half";
+    EXPECT_EQ(writer->Written(half - 4, 8).code(), absl::StatusCode::kInvalidArgument)
+        << "an overlap is refused";
+    EXPECT_EQ(writer->Written(0, size + 4).code(), absl::StatusCode::kInvalidArgument);
+    CT_ASSERT_READY_OK(writer->Write(0, source.data(), half));
+    EXPECT_EQ(writer->Written(0, 4).code(), absl::StatusCode::kFailedPrecondition)
+        << "the fill has ended";
+  }
+  CT_ASSERT_READY_OK(buffer->Ready());
+  CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> back, ReadBack(*buffer));
+  EXPECT_TRUE(BytesEqual(absl::MakeConstSpan(source.data(), size), back));
+}
+
 TEST_P(ConformanceWriter, BadWritesAreRefusedAndLeaveTheFillGoing) {
   alignas(64) float data[64];
   std::iota(data, data + 64, 1.0f);

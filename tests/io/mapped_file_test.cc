@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -115,6 +116,57 @@ TEST(MappedFileTest, ReleasedPagesLeaveTheProcessAndReadTheSameAgain) {
   std::memcpy(read.data(), file.data(), read.size());
   EXPECT_EQ(read, contents) << "released pages read the file's bytes again";
   EXPECT_TRUE(file.CheckIntact().ok());
+}
+
+TEST(MappedFileTest, ReadAtReadsTheFileWithoutTouchingTheMapping) {
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ferry_read_at_" + std::to_string(getpid())))
+          .string();
+  std::vector<unsigned char> contents(static_cast<size_t>(32 * page));
+  for (size_t i = 0; i < contents.size(); ++i) contents[i] = static_cast<unsigned char>(i * 13 + 5);
+  {
+    FILE* file = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(file, nullptr);
+    ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
+    std::fclose(file);
+  }
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const MappedFile& file = **mapped;
+  ASSERT_EQ(ResidentBytesOf(file), 0) << "nothing read through the mapping yet";
+
+  std::vector<unsigned char> read(static_cast<size_t>(20 * page) + 3);
+  ASSERT_TRUE(file.ReadAt(page + 7, static_cast<int64_t>(read.size()), read.data()).ok());
+  EXPECT_TRUE(std::equal(read.begin(), read.end(), contents.begin() + page + 7));
+  EXPECT_EQ(ResidentBytesOf(file), 0) << "ReadAt does not fault the mapping in";
+
+  // Locate: memory of the mapping is found with its offset; memory across its end and memory of
+  // no mapping are not.
+  const auto located = MappedFile::Locate(file.data() + 3 * page + 1, page);
+  ASSERT_TRUE(located.has_value());
+  EXPECT_EQ(located->file, &file);
+  EXPECT_EQ(located->offset, 3 * page + 1);
+  EXPECT_FALSE(MappedFile::Locate(file.data() + 31 * page, 2 * page).has_value());
+  EXPECT_FALSE(MappedFile::Locate(read.data(), 16).has_value());
+
+  // Renamed away, the descriptor still reads the same file; truncated, a read past the new end is
+  // DataLoss naming the file, and the bytes before it still read.
+  const std::string moved = path + ".moved";
+  ASSERT_EQ(std::rename(path.c_str(), moved.c_str()), 0);
+  ASSERT_EQ(truncate(moved.c_str(), 8 * page), 0);
+  const Status short_read = file.ReadAt(4 * page, 8 * page, read.data());
+  EXPECT_EQ(short_read.code(), absl::StatusCode::kDataLoss) << short_read;
+  EXPECT_NE(short_read.message().find(path), std::string_view::npos) << short_read;
+  EXPECT_TRUE(file.ReadAt(0, 8 * page, read.data()).ok());
+  EXPECT_TRUE(std::equal(read.begin(), read.begin() + 8 * page, contents.begin()));
+  std::remove(moved.c_str());
+
+  auto bytes = MappedFile::FromBytes(absl::MakeConstSpan(
+                                         reinterpret_cast<const std::byte*>(contents.data()), 64),
+                                     "in-memory");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ((*bytes)->ReadAt(0, 8, read.data()).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -113,6 +113,17 @@ expect_output "float32 converted beside it" "w32 .*float32 -> bfloat16" "$work/o
 check "--device-dtype-all still asks float8 to convert" 1 "$ferry" put "$work/f8.safetensors" \
   --device-dtype bfloat16 --device-dtype-all
 expect_output "the refusal says why" "float8 types are storage-only" "$work/err"
+# On host:0 the large tensors stored as they are kept go from the file into device memory with
+# pread ("read"); the small ones (the norms) and conversions are put from the mapping.
+if python3 - "$work/safetensors.json" <<'PY'
+import json, sys
+tensors = json.load(open(sys.argv[1]))["tensors"]
+read = [t for t in tensors if t["path"] == "read"]
+assert read and all(t["bytes"] >= 65536 and t["device_dtype"] == t["file_dtype"] for t in read)
+assert all(t["path"] == "direct" for t in tensors if t["bytes"] < 65536)
+PY
+then echo "ok: large tensors read in place"; passes=$((passes + 1))
+else echo "FAIL: read in place"; cat "$work/safetensors.json"; failures=$((failures + 1)); fi
 check "put lossless conversion" 0 "$ferry" put "$work/f32.safetensors" --device-dtype float64 --verify
 expect_output "lossless conversion verified" "verified: every tensor matches the file" "$work/out"
 # A file truncated while `put` reads it: exit 1 naming the file (a truncated-while-mapped error,
@@ -177,6 +188,18 @@ if python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["ten
   "$work/out" 2>/dev/null; then echo "ok: stdout is the JSON alone"; passes=$((passes + 1))
 else echo "FAIL: stdout is not the JSON alone"; cat "$work/out"; failures=$((failures + 1)); fi
 expect_output "the table went to stderr" "total: " "$work/err"
+# The memcpy yardstick runs only when asked for (--vs-memcpy): a plain put does its job alone.
+if python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert d["vs_memcpy"] is None and d["memcpy_seconds"] is None' "$work/out" 2>/dev/null; then
+  echo "ok: no memcpy yardstick by default"; passes=$((passes + 1))
+else echo "FAIL: a plain put timed a memcpy"; cat "$work/out"; failures=$((failures + 1)); fi
+expect_no_output "no vs_memcpy in the plain table" "vs_memcpy" "$work/err"
+check "put --vs-memcpy" 0 "$ferry" put "$work/s.safetensors" --vs-memcpy --json -
+if python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+assert d["memcpy_seconds"] > 0 and d["vs_memcpy"] > 0' "$work/out" 2>/dev/null; then
+  echo "ok: --vs-memcpy times the yardstick"; passes=$((passes + 1))
+else echo "FAIL: --vs-memcpy gave no ratio"; cat "$work/out"; failures=$((failures + 1)); fi
+expect_output "--vs-memcpy prints the ratio" "; vs_memcpy [0-9]" "$work/err"
 
 # A system error is reported once.
 check "a missing file (system error)" 1 "$ferry" put "$work/missing.safetensors"

@@ -21,6 +21,7 @@
 #include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/runtime/dtype_policy.h"
+#include "ferry/runtime/file_read.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
@@ -122,7 +123,7 @@ StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
 // been read: not for an inflated .npz member (no pages of the file), nor where a device array
 // aliases the file (zero_copy on the host), which would fault them in again.
 void ReleaseFilePages(const std::vector<TensorFile>& files, const PutTensor& tensor) {
-  if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0) return;
+  if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0 || tensor.read_in_place) return;
   const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
   if (first->buffer().is_alias()) return;
   files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
@@ -237,6 +238,7 @@ Status StartTransfers(const PutTarget& target, const PutOptions& options,
   TransferToDeviceOptions transfer_options;
   transfer_options.semantics = semantics;
   for (PutTensor& tensor : tensors) {
+    if (tensor.data != nullptr) continue;  // read in place (ReadWindowInPlace)
     if (target.mesh.has_value()) {
       // Shard by shard, each device's profile decides unless a dtype was asked for.
       transfer_options.device_dtypes.clear();
@@ -285,7 +287,8 @@ std::vector<FileStretch> StretchesOf(const std::vector<TensorFile>& files,
                                      absl::Span<const PutTensor> window) {
   std::vector<FileStretch> stretches;
   for (const PutTensor& tensor : window) {
-    if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0) continue;  // an inflated member
+    // An inflated member has no pages of the file; a tensor read in place is never mapped.
+    if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0 || tensor.read_in_place) continue;
     const MappedFile* file = files[tensor.file_number - 1].file().get();
     const int64_t begin = tensor.entry.file_offset;
     const int64_t end = begin + tensor.bytes;
@@ -299,6 +302,50 @@ std::vector<FileStretch> StretchesOf(const std::vector<TensorFile>& files,
     }
   }
   return stretches;
+}
+
+// The tensors each file holds as FileTensorReads for ReadFileTensors (device dtype as chosen).
+std::vector<FileTensorRead> FileReadsOf(const std::vector<TensorFile>& files,
+                                        absl::Span<const PutTensor> tensors) {
+  std::vector<FileTensorRead> reads;
+  reads.reserve(tensors.size());
+  for (const PutTensor& tensor : tensors) {
+    reads.push_back(FileTensorRead::Of(tensor.entry, files[tensor.file_number - 1].file().get(),
+                                       tensor.device_dtype));
+  }
+  return reads;
+}
+
+// On one device whose buffers are host memory this process writes (the host backend), marks the
+// tensors that go from the file straight into their buffers by pread (ReadFileTensors): they are
+// never mapped, so the windows neither fault them in nor give their pages back.
+void MarkReadsInPlace(const std::vector<TensorFile>& files, const PutTarget& target,
+                      HostBufferSemantics semantics, std::vector<PutTensor>& tensors) {
+  if (target.mesh.has_value() || semantics == HostBufferSemantics::kImmutableZeroCopy ||
+      !DeviceMemoryIsHostWritable(*target.device)) {
+    return;
+  }
+  const std::vector<FileTensorRead> reads = FileReadsOf(files, tensors);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].read_in_place = FileReadApplies(reads[i], *target.device);
+  }
+}
+
+// Reads a window's tensors marked read_in_place into their buffers, `threads` reads at once.
+Status ReadWindowInPlace(const std::vector<TensorFile>& files, const PutTarget& target,
+                         absl::Span<PutTensor> window, int threads) {
+  if (std::none_of(window.begin(), window.end(),
+                   [](const PutTensor& tensor) { return tensor.read_in_place; })) {
+    return OkStatus();
+  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> read,
+                         ReadFileTensors(FileReadsOf(files, window), target.device, threads));
+  for (size_t i = 0; i < window.size(); ++i) {
+    // A tensor the reader did not take after all is put from the mapping (StartTransfers).
+    window[i].read_in_place = read[i] != nullptr;
+    if (read[i] != nullptr) window[i].data = std::move(read[i]);
+  }
+  return OkStatus();
 }
 
 // Puts the tensors window by window: the next window's pages are faulted in from every core (a
@@ -331,6 +378,7 @@ Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& targe
       s.file->Prefetch(s.begin, s.end - s.begin, touch_threads);
     }
   };
+  MarkReadsInPlace(files, target, semantics, tensors);
   int64_t done_bytes = 0;
   size_t begin = 0;
   size_t end = window_end(0);
@@ -340,7 +388,8 @@ Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& targe
     const size_t next_end = window_end(end);
     std::thread next_window(
         [&, next = absl::MakeSpan(tensors).subspan(end, next_end - end)] { fault_in(next); });
-    Status moved = StartTransfers(target, options, semantics, window);
+    Status moved = ReadWindowInPlace(files, target, window, touch_threads);
+    if (moved.ok()) moved = StartTransfers(target, options, semantics, window);
     if (moved.ok()) moved = AwaitTransfers(window, done_bytes, progress);
     next_window.join();
     FERRY_RETURN_IF_ERROR(moved);
@@ -368,7 +417,8 @@ void DescribeTransfers(std::vector<PutTensor>& tensors) {
       if (dtypes.size() > 1) tensor.mixed_dtypes = fmt::format("{}", fmt::join(dtypes, "/"));
     }
     const HostView& view = tensor.entry.source->view();
-    const std::string kind = first->buffer().is_alias()  ? "aliased"
+    const std::string kind = tensor.read_in_place          ? "read"
+                             : first->buffer().is_alias()  ? "aliased"
                              : tensor.converted()        ? "converted"
                              : !view.IsNativeByteOrder() ? "byte-swapped"
                                                          : "direct";
@@ -474,7 +524,7 @@ int RunPut(const PutOptions& options) {
   if (!moved.ok()) return ReportError(kCommand, moved);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   DescribeTransfers(tensors);
-  summary.memcpy_seconds = TimeMemcpyOf(files, tensors);
+  if (options.vs_memcpy) summary.memcpy_seconds = TimeMemcpyOf(files, tensors);
 
   if (options.verify) {
     if (Status verified = VerifyAll(tensors, summary.total_bytes, summary.lossy); !verified.ok()) {
@@ -533,6 +583,10 @@ CommandRunner AddPutCommand(CLI::App& app) {
   command->add_flag("--verify", options->verify,
                     "Read every tensor back and compare it with the file itself (a conversion "
                     "that changed values is reported as lossy, with its largest error)");
+  command->add_flag("--vs-memcpy", options->vs_memcpy,
+                    "After the put, time a single-thread memcpy of the same bytes from the file "
+                    "and print vs_memcpy (the memcpy's time over the put's); it adds that "
+                    "memcpy to the run");
   command->add_option("--json", options->json_path,
                       "Also write the results as JSON to this file (-: to stdout, the table then "
                       "to stderr)");

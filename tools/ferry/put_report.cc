@@ -55,10 +55,12 @@ std::string FormatReport(const std::vector<PutTensor>& tensors, const PutTarget&
   std::string out = RenderPutTable(names, columns, rows, width, options.wide, options.files);
   const int text_width = options.wide ? std::numeric_limits<int>::max() : width;
   const auto add = [&](const std::string& text) { out += WrapToString(text, text_width) + "\n"; };
-  add(fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s; vs_memcpy {:.2f}",
-                  tensors.size(), tensors.size() == 1 ? "" : "s",
-                  FormatBytes(static_cast<double>(summary.total_bytes)), summary.seconds,
-                  summary.gbps(), summary.vs_memcpy()));
+  std::string total = fmt::format("total: {} tensor{}, {} in {:.3f} s = {:.2f} GB/s",
+                                  tensors.size(), tensors.size() == 1 ? "" : "s",
+                                  FormatBytes(static_cast<double>(summary.total_bytes)),
+                                  summary.seconds, summary.gbps());
+  if (const auto ratio = summary.vs_memcpy()) total += fmt::format("; vs_memcpy {:.2f}", *ratio);
+  add(total);
   if (on_mesh) {
     add(
         fmt::format("on: {} (a 1-d mesh: sharded = dim {} split over its {} devices, replicated "
@@ -88,8 +90,13 @@ nlohmann::json SummaryJson(const PutOptions& options, const std::vector<PutTenso
   json["total_bytes"] = summary.total_bytes;
   json["seconds"] = summary.seconds;
   json["gbps"] = summary.gbps();
-  json["memcpy_seconds"] = summary.memcpy_seconds;
-  json["vs_memcpy"] = summary.vs_memcpy();
+  // null without --vs-memcpy
+  json["memcpy_seconds"] = nullptr;
+  json["vs_memcpy"] = nullptr;
+  if (summary.memcpy_seconds.has_value()) {
+    json["memcpy_seconds"] = *summary.memcpy_seconds;
+    json["vs_memcpy"] = *summary.vs_memcpy();
+  }
   json["verified"] = summary.verified;
   json["verified_exact"] = summary.verified && summary.lossy.empty();
   json["lossy"] = summary.lossy;

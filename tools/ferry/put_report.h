@@ -27,6 +27,7 @@ struct PutOptions {
   bool strict = false;            // a --device-dtype that applies to no tensor is an error
   std::string semantics = "async";
   bool verify = false;
+  bool vs_memcpy = false;  // --vs-memcpy: time a memcpy of the same bytes after the put
   std::string json_path;
   bool drop_page_cache = false;      // --mesh all: see DistributedPutOptions
   std::vector<std::string> only;     // --only: glob patterns of the tensors to put (all if none)
@@ -46,7 +47,9 @@ struct PutTensor {
   // shard's, and `mixed_dtypes` lists them all ("float32/float64").
   DType device_dtype = DType::kF32;
   std::string mixed_dtypes;
-  std::string path;  // aliased / direct / converted / byte-swapped
+  std::string path;  // aliased / direct / converted / byte-swapped / read
+  // Read from the file straight into its device buffer (ReadFileTensors), never mapped.
+  bool read_in_place = false;
   // On a mesh: "sharded" (dim --shard-dim split over the devices) or "replicated" (whole on each
   // device: a tensor of rank --shard-dim or less); empty on one device.
   std::string placement;
@@ -74,12 +77,15 @@ struct PutTarget {
 struct PutSummary {
   int64_t total_bytes = 0;
   double seconds = 0;
-  double memcpy_seconds = 0;
+  std::optional<double> memcpy_seconds;  // with --vs-memcpy
   bool verified = false;
   std::vector<std::string> lossy;  // "name (float32 -> bfloat16): N of M elements differ, max ..."
 
   double gbps() const { return seconds > 0 ? total_bytes / seconds / 1e9 : 0; }
-  double vs_memcpy() const { return seconds > 0 ? memcpy_seconds / seconds : 0; }
+  std::optional<double> vs_memcpy() const {
+    if (!memcpy_seconds.has_value() || seconds <= 0) return std::nullopt;
+    return *memcpy_seconds / seconds;
+  }
 };
 
 // The table of tensors and the totals, laid out for `width` columns (see put_report.cc).

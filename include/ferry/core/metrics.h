@@ -123,6 +123,7 @@ Counter* ZeroCopyAliases();          // kImmutableZeroCopy buffers that alias th
 Counter* ZeroCopyFallbacks();        // kImmutableZeroCopy requests that had to copy instead
 Counter* StagingBytes();             // bytes that went through a staging buffer
 Counter* ReplicaDeviceCopies();      // sharded replicas copied device to device, not uploaded again
+Counter* FileBytesReadInPlace();     // file bytes read straight into device memory (file_read.h)
 Gauge* HostMemoryCacheBytes();       // bytes of freed host memory the cache holds for reuse
 Gauge* HostMemoryCacheLimitBytes();  // the most it may hold (FERRY_HOST_MEMORY_CACHE_BYTES)
 // Freed device memory kept for reuse by the backends that cache it (opencl: each device's cache,

@@ -47,6 +47,18 @@ class BufferWriter {
   // aborted or failed). The write that completes the buffer marks it ready.
   Future<> Write(int64_t offset_bytes, const void* data, int64_t size_bytes);
 
+  // Filling in place, for a producer that writes memory itself (a file read with pread straight
+  // into the buffer: the load then holds one copy of the bytes). Where the backend's buffer is
+  // host memory this process may write (the host backend), the address of its byte 0; nullptr
+  // where it is not (use Write). The producer writes a range of it, then reports the range with
+  // Written; it writes only ranges it has not written or reported before, and none after the fill
+  // has ended. Ranges of one buffer may be written from several threads at once.
+  virtual void* HostWritableBytes() { return nullptr; }
+  // Records [offset_bytes, offset_bytes + size_bytes), written in place at HostWritableBytes(), as
+  // Write would record it (the range that completes the buffer marks it ready), without copying.
+  // The same errors as Write, and FailedPrecondition where the buffer has no host-writable bytes.
+  Status Written(int64_t offset_bytes, int64_t size_bytes);
+
   // The buffer, once (FailedPrecondition after that). It may be taken before, during or after
   // the writes; reads of it wait for Ready().
   StatusOr<std::unique_ptr<Buffer>> TakeBuffer();
@@ -63,7 +75,8 @@ class BufferWriter {
                std::string name);
 
   // The backend's part. WriteBytes copies (or starts copying) one validated, non-overlapping
-  // range and returns when `data` may be reused; `last` is set on the write that completes the
+  // range and returns when `data` may be reused (`data` is null for a range written in place,
+  // reported by Written: nothing to copy); `last` is set on the write that completes the
   // buffer (exactly once, possibly on an empty range for an empty buffer), after which the
   // backend completes the buffer's Ready(). An error returned here ends the fill (FailBuffer
   // follows). Called with the writer's fill lock held (one call at a time, never beside
@@ -94,6 +107,9 @@ class BufferWriter {
   const std::string memory_kind_;
   const std::string name_;
 
+  // Write and Written: records the range, then has the backend copy `data` (null: in place).
+  Future<> RecordAndWrite(std::string_view what, int64_t offset_bytes, const void* data,
+                          int64_t size_bytes);
   // Adds [begin, end) to written_.
   void RecordRange(int64_t begin, int64_t end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // FailedPrecondition once the fill has ended.

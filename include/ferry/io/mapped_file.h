@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -38,8 +39,8 @@ class MappedFile {
  public:
   // Maps the regular file at `path` read-only. NotFound / PermissionDenied / ... (from errno) when
   // it cannot be opened; InvalidArgument when it is not a regular file. An empty file maps to an
-  // empty byte range (data() == nullptr). The file descriptor is closed before this returns; the
-  // mapping alone keeps the contents reachable.
+  // empty byte range (data() == nullptr). The file descriptor stays open with the mapping, for
+  // ReadAt (close-on-exec; closed with the object).
   static StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path);
 
   // Copies `bytes` into an owned, 64-byte aligned buffer of exactly that size (so that sanitizers
@@ -80,6 +81,24 @@ class MappedFile {
   // errors of madvise are ignored (advice).
   void ReleasePages(int64_t offset, int64_t size) const;
 
+  // Where the memory [begin, begin + size) lies wholly inside one live mapping of a MappedFile:
+  // that file and the offset of `begin` in it; nullopt otherwise (memory of no mapping, or
+  // across mappings). The caller keeps the mapping alive while it uses the pointer (it holds
+  // views of it). For callers that hold only the address (a numpy view of the mapping).
+  struct Location {
+    const MappedFile* file = nullptr;
+    int64_t offset = 0;
+  };
+  static std::optional<Location> Locate(const void* begin, int64_t size);
+
+  // Reads [offset, offset + size) of the file into `dst` with pread, through the descriptor kept
+  // with the mapping (the same file, whatever has been renamed since), without touching the
+  // mapping: a load that reads this way holds one copy of the bytes, `dst`'s, beside the page
+  // cache. Safe from several threads at once (pread has no shared file position). DataLoss naming
+  // the file when it ends before offset + size (truncated since it was opened); the errno's error
+  // for a failed read; FailedPrecondition for in-memory bytes (FromBytes), which have no file.
+  Status ReadAt(int64_t offset, int64_t size, void* dst) const;
+
   // ReleasePages for the memory [begin, begin + size) where it lies in a live mapping of a
   // MappedFile (memory of no mapping is left alone). For callers that hold only the address (a
   // numpy view of the mapping).
@@ -117,6 +136,7 @@ class MappedFile {
   const std::byte* data_ = nullptr;
   int64_t size_ = 0;
   bool is_mapped_ = false;
+  int fd_ = -1;  // the mapped file's descriptor (ReadAt); -1 for in-memory bytes
   std::string display_name_;
   int slot_ = -1;  // the fault handler's registry slot of this mapping, -1 when not registered
   // Set by the SIGBUS handler: the smallest offset of the mapping whose page vanished (int64 max

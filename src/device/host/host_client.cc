@@ -116,10 +116,13 @@ class HostBufferWriter final : public BufferWriter {
 
   void Start() { CompleteIfEmpty(); }
 
+  // The device memory is this process's: producers may fill it in place (BufferWriter::Written).
+  void* HostWritableBytes() override { return allocation_->mutable_data(); }
+
  protected:
   StatusOr<Future<>> WriteBytes(int64_t offset_bytes, const void* data, int64_t size_bytes,
                                 bool last) override {
-    if (size_bytes > 0) {
+    if (size_bytes > 0 && data != nullptr) {  // null: written in place already
       std::memcpy(allocation_->mutable_data() + offset_bytes, data,
                   static_cast<size_t>(size_bytes));
     }
