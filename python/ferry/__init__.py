@@ -1190,32 +1190,6 @@ def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = No
     return TensorFile(path, format_name, metadata, entries)
 
 
-@dataclass(frozen=True)
-class _StoredTensor:
-    """A tensor of a file as a put reads it: `data` the stored bytes as a read-only numpy view
-    (uint16/uint8 for a dtype numpy lacks, `override` then naming it), `dtype` ferry's name of
-    the stored dtype. What load_file puts, without making ml_dtypes views (its import alone takes
-    longer than loading a 1 GiB file)."""
-
-    data: np.ndarray
-    override: str | None
-    dtype: str
-
-
-def _stored_tensors(path: str | os.PathLike, names: Any, pattern: Any,
-                    exclude: Any) -> dict[str, _StoredTensor]:
-    _, _, raw = _ferry._load_file(os.fspath(path), _string_list(names, "names"),
-                                  _string_list(pattern, "pattern"),
-                                  _string_list(exclude, "exclude"))
-    stored = {}
-    for name, data, dtype_name, _, byte_swapped in raw:
-        if byte_swapped:  # big-endian: the source swaps as it reads (as open_file's view)
-            data = data.view(_NUMPY_DTYPES[dtype_name].newbyteorder(">"))
-        override = None if data.dtype.kind != "u" or dtype_name.startswith("uint") else dtype_name
-        stored[name] = _StoredTensor(data, override, dtype_name)
-    return stored
-
-
 def _dtype_kind(name: str) -> str:
     """"float", "complex", "int" (signed or unsigned) or "bool", for a ferry dtype name; the
     storage-only float8 types are each a kind of their own (they convert to nothing else, so a
@@ -1298,50 +1272,13 @@ def load_file(
                                   dict(names=names, pattern=pattern, exclude=exclude))
     if device is None and device_dtype is None:
         return dict(open_file(path, names=names, pattern=pattern, exclude=exclude))
-    stored = _stored_tensors(path, names, pattern, exclude)
-    names = list(stored)
-    views = {name: tensor.data for name, tensor in stored.items()}
+    # One C++ call (the same load as `ferry put`): no numpy view of the file, no per-tensor
+    # Python, and no ml_dtypes for a file of bfloat16 weights.
+    target = _resolve_device(device) or _ferry.device("host:0")
     requested = None if device_dtype is None else _dtype_name(device_dtype)
-    target = _resolve_device(device)
-    dtypes = {name: _device_dtype_for(requested, tensor.dtype, device_dtype_all)
-              for name, tensor in stored.items()}
-    placed = _read_in_place(names, stored, dtypes, target)
-    rest = [name for name in names if name not in placed]
-    for window, ranges in _prefetched_windows(rest, views):
-        groups: dict[str | None, list[str]] = {}
-        for name in window:
-            groups.setdefault(dtypes[name], []).append(name)
-        for dtype, group in groups.items():  # one batched put per device dtype
-            # Straight to the batched put: the file's tensors are numpy arrays, no pytree, and
-            # device_put's per-leaf work costs as much as the put for thousands of small tensors.
-            group_arrays = _ferry.put_each([stored[name].data for name in group],
-                                           [stored[name].override for name in group], target,
-                                           [dtype] * len(group), "copy", None, group)
-            for name, array in zip(group, group_arrays):
-                placed[name] = array
-        _release_file_pages(ranges)
-    return {name: placed[name] for name in names}
-
-
-def _read_in_place(names: list[str], stored: Mapping[str, _StoredTensor],
-                   dtypes: Mapping[str, str | None], target: Device | None) -> dict[str, Array]:
-    """The tensors of a load that go from the file straight into the device's memory, where that
-    memory is the host's (the host backend): read with pread, window by window (so that Ctrl-C
-    is seen between windows), `FERRY_LOAD_READ_THREADS` reads in flight; the mapping is never
-    touched for them. Those stored as they are kept (dense, little-endian, 64 KiB or more, the
-    device dtype their own); the caller puts the others from the mapping."""
-    target = target if target is not None else _ferry.device("host:0")
-    if not _ferry._device_memory_is_host_writable(target):
-        return {}
-    threads = _ferry._load_read_threads()
-    placed = {}
-    views = {name: stored[name].data for name in names}
-    for window in _load_windows(names, views):
-        read = _ferry._read_in_place([stored[name].data for name in window],
-                                     [stored[name].override for name in window], target,
-                                     [dtypes[name] for name in window], window, threads)
-        placed.update((name, array) for name, array in zip(window, read) if array is not None)
-    return placed
+    return dict(_ferry._load_file_onto(
+        os.fspath(path), _string_list(names, "names"), _string_list(pattern, "pattern"),
+        _string_list(exclude, "exclude"), target, requested, bool(device_dtype_all)))
 
 
 def _load_windows(names: list[str], arrays: Mapping[str, np.ndarray]) -> Iterator[list[str]]:

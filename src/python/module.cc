@@ -27,7 +27,7 @@
 #include "ferry/device/registry.h"
 #include "ferry/distributed/global_devices.h"
 #include "ferry/io/mapped_file.h"
-#include "ferry/runtime/file_read.h"
+#include "ferry/runtime/file_load.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "ferry/version.h"
@@ -679,40 +679,51 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
   return arrays;
 }
 
-// load_file's in-place reads: for each object (a read-only numpy view of a mapped tensor file,
-// from _load_file), an Array read from the file straight into `device`'s memory
-// (ReadFileTensors: pread, the mapping never touched), or None where that path does not apply
-// (the caller puts those with put_each). The reads run without the GIL, `read_threads` at once;
-// on return every Array is ready.
-std::vector<std::optional<Array>> ReadInPlace(
-    const std::vector<nb::object>& objects,
-    const std::vector<std::optional<std::string>>& dtype_overrides, Device* device,
-    const std::vector<std::optional<std::string>>& device_dtypes,
-    const std::vector<std::string>& tensor_names, int read_threads) {
+// load_file(path, device): the tensors `names`, `patterns` and `exclude` select, loaded onto
+// `device` (LoadFileTensors: window by window; on host:N those stored as they are kept read from
+// the file straight into device memory, the others put from the mapping) as [(name, Array)] in
+// file order. `device_dtype` applies to the tensors of its kind (RequestAppliesTo), to every
+// tensor with `device_dtype_all`. Runs without the GIL; Ctrl-C is seen between windows.
+std::vector<std::pair<std::string, Array>> LoadFileOnto(
+    const std::string& path, std::vector<std::string> names, std::vector<std::string> patterns,
+    std::vector<std::string> exclude, Device* device, std::optional<std::string> device_dtype,
+    bool device_dtype_all) {
   ApiScope api;
   CheckDeviceUsable(device);
-  if (device_dtypes.size() != objects.size() || tensor_names.size() != objects.size()) {
-    throw StatusError{InvalidArgumentError(fmt::format(
-        "{} device dtypes and {} names for {} arrays", device_dtypes.size(), tensor_names.size(),
-        objects.size()))};
+  std::optional<DType> requested;
+  if (device_dtype.has_value()) requested = ParseDType(*device_dtype);
+  FileLoadOptions options = ValueOrThrow(FileLoadOptionsFromSettings());
+  // A signal (Ctrl-C) stops the load between windows: its Python error stays set on this thread
+  // and is raised once the load has returned.
+  bool interrupted = false;
+  options.after_window = [&interrupted] {
+    nb::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() == 0) return OkStatus();
+    interrupted = true;
+    return CancelledError("load_file was interrupted");
+  };
+  const TensorFile file =
+      OpenSelectedTensors(path, std::move(names), std::move(patterns), std::move(exclude));
+  std::vector<FileLoadTensor> tensors;
+  tensors.reserve(file.tensors().size());
+  for (const TensorFileEntry& entry : file.tensors()) {
+    const DType stored = entry.source->view().dtype;
+    const bool applies =
+        requested.has_value() && (device_dtype_all || RequestAppliesTo(*requested, stored));
+    tensors.push_back(
+        {&entry, file.file().get(), applies ? requested : std::nullopt, std::nullopt});
   }
-  auto sources = SourcesFromPython(objects, dtype_overrides, "array", nullptr, &tensor_names);
-  std::vector<FileTensorRead> reads;
-  reads.reserve(sources.size());
-  for (size_t i = 0; i < sources.size(); ++i) {
-    reads.push_back(FileTensorRead::OfMemory(
-        sources[i].get(),
-        device_dtypes[i].has_value() ? std::optional(ParseDType(*device_dtypes[i])) : std::nullopt));
-  }
-  StatusOr<std::vector<DataPtr>> read;
+  StatusOr<std::vector<FileLoadResult>> loaded;
   {
     ScopedGilRelease unlocked;
-    read = ReadFileTensors(reads, device, read_threads);
+    loaded = LoadFileTensors(tensors, device, options);
   }
-  std::vector<DataPtr> handles = ValueOrThrow(std::move(read));
-  std::vector<std::optional<Array>> arrays(handles.size());
-  for (size_t i = 0; i < handles.size(); ++i) {
-    if (handles[i] != nullptr) arrays[i].emplace(std::move(handles[i]));
+  if (interrupted) throw nb::python_error();
+  std::vector<FileLoadResult> results = ValueOrThrow(std::move(loaded));
+  std::vector<std::pair<std::string, Array>> arrays;
+  arrays.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    arrays.emplace_back(file.tensors()[i].name, Array(std::move(results[i].data)));
   }
   return arrays;
 }
@@ -1192,17 +1203,9 @@ NB_MODULE(_ferry, m) {
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
         nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
-  m.def("_read_in_place", &ReadInPlace, nb::arg("objects"), nb::arg("dtype_overrides"),
-        nb::arg("device"), nb::arg("device_dtypes"), nb::arg("tensor_names"),
-        nb::arg("read_threads"));
-  m.def(
-      "_device_memory_is_host_writable",
-      [](Device* device) {
-        CheckDeviceUsable(device);
-        ScopedGilRelease unlocked;
-        return DeviceMemoryIsHostWritable(*device);
-      },
-      nb::arg("device"));
+  m.def("_load_file_onto", &LoadFileOnto, nb::arg("path"), nb::arg("names"),
+        nb::arg("patterns"), nb::arg("exclude"), nb::arg("device"),
+        nb::arg("device_dtype").none(), nb::arg("device_dtype_all"));
   m.def("get", &Get, nb::arg("arrays"));
   m.def("read_into", &ReadInto, nb::arg("arrays"), nb::arg("out"), nb::arg("leaves"),
         nb::arg("overrides"), nb::arg("what"));

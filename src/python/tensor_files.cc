@@ -37,6 +37,22 @@ namespace {
 nb::tuple LoadFile(const std::string& path, std::vector<std::string> names,
                    std::vector<std::string> patterns, std::vector<std::string> exclude) {
   ApiScope api;
+  const TensorFile file =
+      OpenSelectedTensors(path, std::move(names), std::move(patterns), std::move(exclude));
+  nb::list entries;
+  for (const TensorFileEntry& entry : file.tensors()) {
+    const std::string dtype_name(DTypeName(entry.source->view().dtype));
+    entries.append(nb::make_tuple(entry.name, ReadOnlyNumpyView(entry.source), dtype_name,
+                                  entry.zero_copy, entry.byte_swapped));
+  }
+  return nb::make_tuple(std::string(file.format_name()), file.metadata(), entries);
+}
+
+}  // namespace
+
+TensorFile OpenSelectedTensors(const std::string& path, std::vector<std::string> names,
+                               std::vector<std::string> patterns,
+                               std::vector<std::string> exclude) {
   TensorSelector selector(std::move(names), std::move(patterns), std::move(exclude));
   TensorFileOptions options;
   if (!selector.empty()) options.selector = &selector;
@@ -61,15 +77,10 @@ nb::tuple LoadFile(const std::string& path, std::vector<std::string> names,
           Status(opened.status().code(), io_internal::EscapeForMessage(message, message.size()))};
     }
   }
-  const TensorFile file = ValueOrThrow(std::move(opened));
-  nb::list entries;
-  for (const TensorFileEntry& entry : file.tensors()) {
-    const std::string dtype_name(DTypeName(entry.source->view().dtype));
-    entries.append(nb::make_tuple(entry.name, ReadOnlyNumpyView(entry.source), dtype_name,
-                                  entry.zero_copy, entry.byte_swapped));
-  }
-  return nb::make_tuple(std::string(file.format_name()), file.metadata(), entries);
+  return ValueOrThrow(std::move(opened));
 }
+
+namespace {
 
 // Writes `objects` (buffer-protocol objects or DLPack producers, read through their own strides)
 // as `names` in `format`. The objects are held until the write is done; the write runs without

@@ -55,7 +55,8 @@ def test_a_float_request_leaves_float8_tensors_of_an_fp8_checkpoint_as_they_are(
         ferry.load_file(path, "host:0", device_dtype="bfloat16", device_dtype_all=True)
     except ferry.Error as error:
         assert "storage-only" in str(error), error
-        assert "'w8'" in str(error), error  # named by the file's name, not its position
+        # named by the file and the tensor's name in it, not by its position
+        assert f"'{path}:w8'" in str(error), error
     else:
         raise AssertionError("float8 -> bfloat16 was accepted")
 

@@ -10,18 +10,15 @@
 #include <optional>
 #include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
-#include "absl/types/span.h"
 #include "ferry/core/copy_convert.h"
-#include "ferry/core/settings.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/runtime/dtype_policy.h"
-#include "ferry/runtime/file_read.h"
+#include "ferry/runtime/file_load.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/transfer.h"
 #include "fmt/format.h"
@@ -41,25 +38,6 @@ StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
   if (name == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
   return InvalidArgumentError(
       fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
-}
-
-// Whether a requested device dtype applies to a tensor of `source` dtype: only to tensors of its
-// own kind (a floating-point request to floating-point tensors, an integer one to integers), so
-// that `--device-dtype bfloat16` stores the weights as bfloat16 and leaves integer ids alone.
-// The storage-only float8 types convert to nothing else, so a request never applies across them:
-// an FP8 checkpoint's float8 tensors stay float8 while `--device-dtype bfloat16` moves the rest.
-bool RequestAppliesTo(DType requested, DType source) {
-  const DTypeInfo& requested_info = GetDTypeInfo(requested);
-  const DTypeInfo& source_info = GetDTypeInfo(source);
-  if (requested != source && (requested_info.storage_only || source_info.storage_only)) {
-    return false;
-  }
-  const DTypeKind requested_kind = requested_info.kind;
-  const DTypeKind source_kind = source_info.kind;
-  const auto integer = [](DTypeKind kind) {
-    return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
-  };
-  return requested_kind == source_kind || (integer(requested_kind) && integer(source_kind));
 }
 
 // How a tensor read back compares with the file.
@@ -119,11 +97,11 @@ StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
   return result;  // differing == 0: only bit patterns differ (NaN payloads, -0.0)
 }
 
-// Gives back the mapped pages under `tensor`'s bytes (MappedFile::ReleasePages) once they have
-// been read: not for an inflated .npz member (no pages of the file), nor where a device array
-// aliases the file (zero_copy on the host), which would fault them in again.
+// Gives back the mapped pages under `tensor`'s bytes (MappedFile::ReleasePages) once the memcpy
+// yardstick has read them: not for an inflated .npz member (no pages of the file), nor where a
+// device array aliases the file (zero_copy on the host), which would fault them in again.
 void ReleaseFilePages(const std::vector<TensorFile>& files, const PutTensor& tensor) {
-  if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0 || tensor.read_in_place) return;
+  if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0) return;
   const DataPtr& first = tensor.sharded ? tensor.sharded->shards().front() : tensor.data;
   if (first->buffer().is_alias()) return;
   files[tensor.file_number - 1].file()->ReleasePages(tensor.entry.file_offset, tensor.bytes);
@@ -232,174 +210,39 @@ Status OpenFiles(const PutOptions& options, std::optional<DType> requested, cons
   return selector.CheckEverythingMatched(FilesText(options.files));
 }
 
-// Starts every transfer (they run on the backend's threads) without waiting for any.
-Status StartTransfers(const PutTarget& target, const PutOptions& options,
-                      HostBufferSemantics semantics, absl::Span<PutTensor> tensors) {
-  TransferToDeviceOptions transfer_options;
-  transfer_options.semantics = semantics;
+// Puts the tensors (LoadFileTensors: window by window; on host:N those stored as they are kept
+// read from the file straight into device memory; the others from the mapping, each window's
+// pages given back once put), drawing `progress`.
+Status PutAll(const std::vector<TensorFile>& files, const PutTarget& target,
+              const PutOptions& options, HostBufferSemantics semantics,
+              std::vector<PutTensor>& tensors, ProgressBar& progress) {
+  FERRY_ASSIGN_OR_RETURN(FileLoadOptions load_options, FileLoadOptionsFromSettings());
+  load_options.semantics = semantics;
+  load_options.progress = [&progress](int64_t done) { progress.Update(done); };
+  std::vector<FileLoadTensor> load;
+  load.reserve(tensors.size());
   for (PutTensor& tensor : tensors) {
-    if (tensor.data != nullptr) continue;  // read in place (ReadWindowInPlace)
+    FileLoadTensor item{&tensor.entry, files[tensor.file_number - 1].file().get(),
+                        tensor.device_dtype, std::nullopt};
     if (target.mesh.has_value()) {
       // Shard by shard, each device's profile decides unless a dtype was asked for.
-      transfer_options.device_dtypes.clear();
-      if (tensor.requested_dtype.has_value()) {
-        transfer_options.device_dtypes = {tensor.requested_dtype};
-      }
+      item.requested_dtype = tensor.requested_dtype;
       const int64_t rank = tensor.entry.source->view().rank();
       std::vector<std::vector<std::string>> spec(rank);
       const bool split = options.shard_dim < rank;
       if (split) spec[options.shard_dim] = {"x"};
       tensor.placement = split ? "sharded" : "replicated";
-      FERRY_ASSIGN_OR_RETURN(Sharding sharding, Sharding::Create(*target.mesh, spec));
-      FERRY_ASSIGN_OR_RETURN(
-          tensor.sharded, TransferShardsToDevice(tensor.entry.source, sharding, transfer_options));
-    } else {
-      transfer_options.device_dtypes = {tensor.device_dtype};
-      FERRY_ASSIGN_OR_RETURN(
-          std::vector<DataPtr> data,
-          TransferToDevice({tensor.entry.source}, target.device, transfer_options));
-      tensor.data = std::move(data[0]);
+      FERRY_ASSIGN_OR_RETURN(item.sharding, Sharding::Create(*target.mesh, spec));
     }
+    load.push_back(std::move(item));
   }
-  return OkStatus();
-}
-
-// Follows the transfers in order, adding their bytes to `done_bytes` (drawing `progress`).
-Status AwaitTransfers(absl::Span<PutTensor> tensors, int64_t& done_bytes, ProgressBar& progress) {
-  for (PutTensor& tensor : tensors) {
-    FERRY_RETURN_IF_ERROR(tensor.sharded ? AwaitReady(tensor.sharded->shards())
-                                         : AwaitReady({tensor.data}));
-    done_bytes += tensor.bytes;
-    progress.Update(done_bytes);
-  }
-  return OkStatus();
-}
-
-// The bytes of the mapped files a window of tensors reads: one range per file (tensors come in
-// data-offset order, so a window's tensors of one file are one stretch of it).
-struct FileStretch {
-  const MappedFile* file = nullptr;
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-
-std::vector<FileStretch> StretchesOf(const std::vector<TensorFile>& files,
-                                     absl::Span<const PutTensor> window) {
-  std::vector<FileStretch> stretches;
-  for (const PutTensor& tensor : window) {
-    // An inflated member has no pages of the file; a tensor read in place is never mapped.
-    if (!tensor.entry.zero_copy || tensor.entry.file_offset < 0 || tensor.read_in_place) continue;
-    const MappedFile* file = files[tensor.file_number - 1].file().get();
-    const int64_t begin = tensor.entry.file_offset;
-    const int64_t end = begin + tensor.bytes;
-    auto same = std::find_if(stretches.begin(), stretches.end(),
-                             [&](const FileStretch& s) { return s.file == file; });
-    if (same == stretches.end()) {
-      stretches.push_back({file, begin, end});
-    } else {
-      same->begin = std::min(same->begin, begin);
-      same->end = std::max(same->end, end);
-    }
-  }
-  return stretches;
-}
-
-// The tensors each file holds as FileTensorReads for ReadFileTensors (device dtype as chosen).
-std::vector<FileTensorRead> FileReadsOf(const std::vector<TensorFile>& files,
-                                        absl::Span<const PutTensor> tensors) {
-  std::vector<FileTensorRead> reads;
-  reads.reserve(tensors.size());
-  for (const PutTensor& tensor : tensors) {
-    reads.push_back(FileTensorRead::Of(tensor.entry, files[tensor.file_number - 1].file().get(),
-                                       tensor.device_dtype));
-  }
-  return reads;
-}
-
-// On one device whose buffers are host memory this process writes (the host backend), marks the
-// tensors that go from the file straight into their buffers by pread (ReadFileTensors): they are
-// never mapped, so the windows neither fault them in nor give their pages back.
-void MarkReadsInPlace(const std::vector<TensorFile>& files, const PutTarget& target,
-                      HostBufferSemantics semantics, std::vector<PutTensor>& tensors) {
-  if (target.mesh.has_value() || semantics == HostBufferSemantics::kImmutableZeroCopy ||
-      !DeviceMemoryIsHostWritable(*target.device)) {
-    return;
-  }
-  const std::vector<FileTensorRead> reads = FileReadsOf(files, tensors);
+  FERRY_ASSIGN_OR_RETURN(std::vector<FileLoadResult> loaded,
+                         LoadFileTensors(load, target.device, load_options));
   for (size_t i = 0; i < tensors.size(); ++i) {
-    tensors[i].read_in_place = FileReadApplies(reads[i], *target.device);
+    tensors[i].data = std::move(loaded[i].data);
+    tensors[i].sharded = std::move(loaded[i].sharded);
+    tensors[i].read_in_place = loaded[i].read_in_place;
   }
-}
-
-// Reads a window's tensors marked read_in_place into their buffers, `threads` reads at once.
-Status ReadWindowInPlace(const std::vector<TensorFile>& files, const PutTarget& target,
-                         absl::Span<PutTensor> window, int threads) {
-  if (std::none_of(window.begin(), window.end(),
-                   [](const PutTensor& tensor) { return tensor.read_in_place; })) {
-    return OkStatus();
-  }
-  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> read,
-                         ReadFileTensors(FileReadsOf(files, window), target.device, threads));
-  for (size_t i = 0; i < window.size(); ++i) {
-    // A tensor the reader did not take after all is put from the mapping (StartTransfers).
-    window[i].read_in_place = read[i] != nullptr;
-    if (read[i] != nullptr) window[i].data = std::move(read[i]);
-  }
-  return OkStatus();
-}
-
-// Puts the tensors window by window: the next window's pages are faulted in from every core (a
-// cold file read ahead in parallel, a warm one mapped fast) while this one's transfers run; once
-// they are done the window's pages leave the process (MappedFile::ReleasePages), except where a
-// device array aliases the file (zero_copy on the host). Then checks that no file was truncated
-// while it was read.
-Status PutInWindows(const std::vector<TensorFile>& files, const PutTarget& target,
-                    const PutOptions& options, HostBufferSemantics semantics,
-                    std::vector<PutTensor>& tensors, ProgressBar& progress) {
-  // The window (FERRY_LOAD_WINDOW_BYTES, 256 MiB by default; 0: the whole files): a load holds
-  // about two windows of the files' pages beside the device copy (the one being put and the next,
-  // faulted in meanwhile), not the whole files. The next window is faulted in by
-  // FERRY_LOAD_READ_THREADS threads (one per core by default): that many reads in flight.
-  FERRY_ASSIGN_OR_RETURN(int64_t window_bytes, settings::LoadWindowBytes());
-  if (window_bytes == 0) window_bytes = std::numeric_limits<int64_t>::max();
-  FERRY_ASSIGN_OR_RETURN(const std::optional<int> read_threads, settings::LoadReadThreads());
-  const int touch_threads =
-      read_threads.value_or(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  const auto window_end = [&](size_t begin) {
-    int64_t bytes = 0;
-    size_t end = begin;
-    while (end < tensors.size() && (end == begin || bytes + tensors[end].bytes <= window_bytes)) {
-      bytes += tensors[end++].bytes;
-    }
-    return end;
-  };
-  const auto fault_in = [&](absl::Span<const PutTensor> window) {
-    for (const FileStretch& s : StretchesOf(files, window)) {
-      s.file->Prefetch(s.begin, s.end - s.begin, touch_threads);
-    }
-  };
-  MarkReadsInPlace(files, target, semantics, tensors);
-  int64_t done_bytes = 0;
-  size_t begin = 0;
-  size_t end = window_end(0);
-  fault_in(absl::MakeSpan(tensors).subspan(0, end));
-  while (begin < tensors.size()) {
-    const absl::Span<PutTensor> window = absl::MakeSpan(tensors).subspan(begin, end - begin);
-    const size_t next_end = window_end(end);
-    std::thread next_window(
-        [&, next = absl::MakeSpan(tensors).subspan(end, next_end - end)] { fault_in(next); });
-    Status moved = ReadWindowInPlace(files, target, window, touch_threads);
-    if (moved.ok()) moved = StartTransfers(target, options, semantics, window);
-    if (moved.ok()) moved = AwaitTransfers(window, done_bytes, progress);
-    next_window.join();
-    FERRY_RETURN_IF_ERROR(moved);
-    for (const PutTensor& tensor : window) ReleaseFilePages(files, tensor);
-    begin = end;
-    end = next_end;
-  }
-  // A file truncated while mapped was read as zeros where its pages vanished (MappedFile turns the
-  // SIGBUS into that): an error naming the file, not a result.
-  for (const TensorFile& file : files) FERRY_RETURN_IF_ERROR(file.file()->CheckIntact());
   return OkStatus();
 }
 
@@ -519,7 +362,7 @@ int RunPut(const PutOptions& options) {
   }
 
   ProgressBar progress("put", summary.total_bytes);
-  Status moved = PutInWindows(files, *target, options, *semantics, tensors, progress);
+  Status moved = PutAll(files, *target, options, *semantics, tensors, progress);
   progress.Finish();
   if (!moved.ok()) return ReportError(kCommand, moved);
   summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
