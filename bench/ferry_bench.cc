@@ -816,7 +816,12 @@ struct BenchOptions {
   std::optional<int> workers;
   bool list = false;
   bool peers = false;
+  bool fresh_loads = false;     // --fresh-loads
+  bool no_fresh_loads = false;  // --no-fresh-loads
   std::string python;
+
+  // bench/fresh_loads.py runs with --fresh-loads, and with --peers unless --no-fresh-loads.
+  bool RunsFreshLoads() const { return fresh_loads || (peers && !no_fresh_loads); }
 };
 
 void AddBenchOptions(CLI::App& app, BenchOptions& options) {
@@ -829,6 +834,14 @@ void AddBenchOptions(CLI::App& app, BenchOptions& options) {
                "Also time the same transfers with torch, jax and numpy (bench/peers.py, run with "
                "--python, else the source tree's .venv/bin/python) and add vs_torch, vs_jax and "
                "vs_numpy to the rows");
+  auto* fresh = app.add_flag(
+      "--fresh-loads", options.fresh_loads,
+      "Also time checkpoint loads in fresh processes, warm and cold (bench/fresh_loads.py, with "
+      "the peers' Python): ferry against safetensors, fastsafetensors, tensorizer and "
+      "runai-model-streamer (scripts/python_env.sh --bench installs them) on a 1 GiB and a 2 GiB "
+      "file and 20,000 small tensors, with time, GB/s and peak RSS. On with --peers");
+  app.add_flag("--no-fresh-loads", options.no_fresh_loads, "--peers without the fresh loads")
+      ->excludes(fresh);
   app.add_option("--case", options.case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
   app.add_option("--size", options.scale,
@@ -974,6 +987,7 @@ void PrintTableHeader() {
 // The C++ cases' rows, and what the run learned along the way.
 struct CaseRows {
   Json results = Json::array();
+  Json fresh_loads;  // bench/fresh_loads.py's results (--fresh-loads)
   int failures = 0;
   Json peers_versions;  // from the last peers.py row
   bool peers_failed = false;
@@ -1043,6 +1057,24 @@ void RunPythonRows(const std::string& python, const BenchOptions& options, const
   }
 }
 
+// bench/fresh_loads.py with `python` (its table goes to the terminal as it runs, its rows into
+// `rows.fresh_loads`), using the `ferry` command installed beside that interpreter.
+void RunFreshLoads(const std::string& python, CaseRows& rows) {
+  fmt::print("\n{}", Wrapped("fresh-process loads (bench/fresh_loads.py): each load a new "
+                             "process, loaders interleaved; the table follows on stderr"));
+  std::fflush(stdout);
+  const std::string ferry = (std::filesystem::path(python).parent_path() / "ferry").string();
+  StatusOr<Json> results = RunPythonScript(python, "fresh_loads.py",
+                                           fmt::format("--json - --ferry '{}'", ferry));
+  if (!results.ok()) {
+    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: fresh loads failed: {}",
+                                                 std::string(results.status().message()))));
+    ++rows.failures;
+    return;
+  }
+  rows.fresh_loads = *std::move(results);
+}
+
 // Writes --json: the rows, the machine and the settings of the run.
 Status WriteResultsJson(const BenchOptions& options, const std::string& peers_python,
                         const Device& device, Json machine, CaseRows& rows) {
@@ -1056,6 +1088,7 @@ Status WriteResultsJson(const BenchOptions& options, const std::string& peers_py
                           {"h2d_semantics", std::string(HostBufferSemanticsName(kBenchSemantics))},
                           {"heap_accounting", HeapAccountingEnabled() ? "malloc interposition"
                                                                       : "off (sanitizer build)"}};
+  if (!rows.fresh_loads.is_null()) document["fresh_loads"] = std::move(rows.fresh_loads);
   if (options.peers) {
     document["settings"]["peers_python"] = peers_python;
     if (!rows.peers_versions.is_null()) {
@@ -1085,7 +1118,7 @@ int RunBench(int argc, char** argv) {
   StatusOr<std::vector<const CaseDefinition*>> selected = SelectCases(cases, options.case_names);
   if (!selected.ok()) return ReportSetupError(selected.status());
   std::string peers_python = options.python;
-  if (options.peers) {
+  if (options.peers || options.RunsFreshLoads()) {
     StatusOr<std::string> python = PeersPython(options.python);
     if (!python.ok()) return ReportSetupError(python.status());
     peers_python = *python;
@@ -1114,6 +1147,7 @@ int RunBench(int argc, char** argv) {
   }
   CaseRows rows = RunCases(*selected, context, options.repeats, peer_session.get());
   if (!options.python.empty()) RunPythonRows(options.python, options, *device, rows);
+  if (options.RunsFreshLoads()) RunFreshLoads(peers_python, rows);
 
   if (!options.json_path.empty()) {
     if (Status written = WriteResultsJson(options, peers_python, *device, std::move(machine), rows);

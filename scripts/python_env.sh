@@ -4,7 +4,8 @@
 #   PJRT C API header's wheel, plus ninja and cmake, and [tool.ferry].wheel-tools): what a CMake
 #   build of ferry or its wheel needs, and all that scripts/build.sh (and so scripts/run.sh) asks
 #   for;
-# - by default: those and the pinned `test` extra (torch, jax, the PJRT plugins, pytest, mpi4py).
+# - by default: those and the pinned `test` extra (torch, jax, the PJRT plugins, pytest, mpi4py);
+# - with --bench: those and the `bench` extra (the checkpoint loaders bench/fresh_loads.py times).
 # Idempotent: it installs only when pyproject.toml changed since the last install of that kind.
 # Prints the venv's python path on its last line.
 set -euo pipefail
@@ -13,6 +14,7 @@ venv="$root/.venv"
 python=${FERRY_PYTHON:-python3}
 mode=full
 if [[ ${1:-} == --build ]]; then mode=build; fi
+if [[ ${1:-} == --bench ]]; then mode=bench; fi
 
 if [[ ! -x "$venv/bin/python" ]]; then
   "$python" -m venv "$venv" >&2
@@ -24,8 +26,11 @@ import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)
 wanted = list(project["build-system"]["requires"]) + project["tool"]["ferry"]["wheel-tools"]
-if sys.argv[2] == "full":
-    wanted += project["project"]["optional-dependencies"]["test"]
+extras = project["project"]["optional-dependencies"]
+if sys.argv[2] in ("full", "bench"):
+    wanted += extras["test"]
+if sys.argv[2] == "bench":
+    wanted += extras["bench"]
 for requirement in wanted:
     print(requirement)
 PY
@@ -47,6 +52,7 @@ if [[ $mode == build ]]; then
   exit 0
 fi
 install_kind full
+if [[ $mode == bench ]]; then install_kind bench; fi
 # mpi4py (the interop test) is compiled against the MPI that ferry links (mpicc: Debian's MPICH):
 # PyPI's wheel needs libmpi.so.12, a name Debian's MPICH does not provide (libmpich.so.12). At -O0
 # the build takes under a minute here (at -O3 several); it carries only the test's few calls.

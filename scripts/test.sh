@@ -95,6 +95,14 @@ stage "Python package (the same wheel installed into .venv) and pytest"
 (cd "$root/tests/python" &&
   FERRY_BENCH="$root/build/plain/ferry-bench" "$python" -m pytest -q -p no:cacheprovider)
 
+stage "torch_xla 2.9 on ferry's plugin (its own venv: scripts/xla_env.sh)"
+# torch_xla pins torch 2.9, so it runs from a venv of its own (outside the checkout, made once);
+# it loads the plugin of the wheel installed above.
+xla_python=$("$root/scripts/xla_env.sh" | tail -n 1)
+plugin=$("$python" -c "import ferry.jax; print(ferry.jax.plugin_path())")
+(cd "$root/tests/torch_xla" &&
+  FERRY_PJRT_PLUGIN_LIBRARY="$plugin" "$xla_python" -m pytest -q -p no:cacheprovider)
+
 stage ""
 echo "=== stage times ==="
 printf '%s\n' "${stage_times[@]}"

@@ -109,6 +109,18 @@ PJRT_Event* CompleteReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
   return ready.event;
 }
 
+// The buffer's ready event, complete without error (the caller owns it), once the buffer is
+// ready: a buffer still being computed (an Execute's output, which torch_xla reads at once) is
+// waited for on this thread. Null when it failed (the plugin then reports that error).
+PJRT_Event* ReadyEventOnceComputed(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  if (PJRT_Event* ready = CompleteReadyEvent(api, buffer)) return ready;
+  auto pending = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  pending.buffer = buffer;
+  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&pending)).ok()) return nullptr;
+  if (!pjrt::AwaitEvent(api, pending.event, "the buffer to read").ok()) return nullptr;
+  return CompleteReadyEvent(api, buffer);
+}
+
 PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
   CountTransferPath(TransferPath::kReadByPlugin);
   return api.PJRT_Buffer_ToHostBuffer(args);
@@ -126,7 +138,7 @@ PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
         fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
                     args->dst_size, size_bytes)));
   }
-  PJRT_Event* ready = CompleteReadyEvent(api, args->src);
+  PJRT_Event* ready = ReadyEventOnceComputed(api, args->src);
   if (ready == nullptr) return ByPlugin(api, args);
   if (size_bytes > 0) {
     StatusOr<CopyConvertPlan> plan =
@@ -156,9 +168,15 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& api = (*plugin)->wrapped();
-  if (args->dst == nullptr || args->host_layout != nullptr) return ByPlugin(api, args);
+  if (args->dst == nullptr) return ByPlugin(api, args);
   std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
   if (!source.has_value()) return ByPlugin(api, args);
+  // A host layout asked for is honoured here only when it is the buffer's own (row-major,
+  // untiled: what torch_xla always passes); any other is the plugin's to lay out.
+  if (args->host_layout != nullptr && !IsRowMajorUntiled(*args->host_layout, source->dims.size())) {
+    ReleaseHold(api, args->src);
+    return ByPlugin(api, args);
+  }
   PJRT_Error* error = ReadHeld(**plugin, *source, args);
   ReleaseHold(api, args->src);
   return error;

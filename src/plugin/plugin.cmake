@@ -7,6 +7,7 @@ add_library(ferry_pjrt_plugin MODULE
   src/plugin/host_to_device.cc
   src/plugin/plugin_errors.cc
   src/plugin/plugin_types.cc
+  src/plugin/version_bridge.cc
   src/plugin/wrapped_plugin.cc
 )
 set_target_properties(ferry_pjrt_plugin PROPERTIES PREFIX "" OUTPUT_NAME ferry_pjrt_plugin

@@ -17,6 +17,7 @@
 #include "src/plugin/device_to_host.h"
 #include "src/plugin/host_to_device.h"
 #include "src/plugin/plugin_errors.h"
+#include "src/plugin/version_bridge.h"
 
 namespace ferry::plugin {
 namespace {
@@ -109,6 +110,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Plugin_Initialize, &InitializeAlreadyDone);
   FERRY_REPLACE(table, PJRT_Client_BufferFromHostBuffer, &BufferFromHostBuffer);
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
+  FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
   plugin->table_ = table;
   plugin->engine_ = std::make_unique<host::TransferEngine>(
       std::max(1, static_cast<int>(std::thread::hardware_concurrency())));

@@ -153,7 +153,7 @@ class FerryPjrtPluginTest : public ::testing::Test {
 };
 
 TEST_F(FerryPjrtPluginTest,
-       table_is_the_wrapped_table_with_only_transfer_and_error_entries_replaced) {
+       table_is_the_wrapped_table_with_only_transfer_error_and_bridged_entries_replaced) {
   std::printf("wrapped: %s (API %d.%d, a table of %zu bytes)\n", Wrapped()->path.c_str(),
               Wrapped()->major_version, Wrapped()->minor_version, wrapped().struct_size);
   ASSERT_EQ(ferry().struct_size, wrapped().struct_size);
@@ -163,7 +163,9 @@ TEST_F(FerryPjrtPluginTest,
                                         offsetof(PJRT_Api, PJRT_Error_GetCode),
                                         offsetof(PJRT_Api, PJRT_Plugin_Initialize),
                                         offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
-                                        offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer)};
+                                        offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
+                                        // The version bridge (version_bridge.h).
+                                        offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
   int same = 0;
   for (size_t offset = offsetof(PJRT_Api, PJRT_Error_Destroy);
        offset + sizeof(void*) <= wrapped().struct_size; offset += sizeof(void*)) {

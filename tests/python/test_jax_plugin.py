@@ -333,3 +333,47 @@ print(json.dumps({"deltas": deltas, "counters": counters, "runtimes": runtimes,
                           ("PjrtPluginReadsByFerry", "reads_by_ferry"),
                           ("PjrtPluginReadsByPlugin", "reads_by_plugin")):
         assert deltas[name] == counters[counter], (deltas, counters)
+
+
+def _plugin_at_api_0_115():
+    """The same XLA CPU plugin built at PJRT API 0.115 (lammps-jax-pjrt-cpu), or None."""
+    try:
+        import lammps_jax_pjrt_cpu as package
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(package.__file__), "pjrt_c_api_cpu_plugin.so")
+    return path if os.path.isfile(path) else None
+
+
+@pytest.mark.parametrize("api", ["0.81", "0.115"])
+def test_jax_computes_on_ferrys_plugin_over_either_plugin_version(api):
+    """JAX's Execute passes through ferry's version bridge (src/plugin/version_bridge.h) to the
+    wrapped plugin whatever its version: on 0.81 (the header JAX and ferry share: nothing to
+    extend) and on 0.115 (newer than ferry's header: the options are given zeros up to
+    kExtendedOptionsBytes), jit, matmul and reads agree with numpy."""
+    wrapped = WRAPPED if api == "0.81" else _plugin_at_api_0_115()
+    if wrapped is None:
+        skip_or_fail_unavailable(f"no XLA CPU plugin at PJRT API {api}")
+    program = """
+import json, numpy as np, ferry, ferry.jax
+ferry.jax.register()
+import jax, jax.numpy as jnp
+device = jax.devices("ferry")[0]
+a = np.arange(48, dtype=np.float32).reshape(6, 8) / 7
+b = np.linspace(-1, 1, 40, dtype=np.float32).reshape(8, 5)
+x, y = jax.device_put(a, device), jax.device_put(b, device)
+before = ferry.metrics().get("PjrtPluginBridgedExecuteOptions", 0)
+z = jax.jit(lambda p, q: jnp.tanh(p @ q) + 1)(x, y)
+got = np.asarray(z)
+bridged = ferry.metrics().get("PjrtPluginBridgedExecuteOptions", 0) - before
+print(json.dumps({"close": bool(np.allclose(got, np.tanh(a @ b) + 1, rtol=1e-5, atol=1e-6)),
+                  "platform": str(z.devices()), "bridged": bridged}))
+"""
+    result = run_python(program, timeout=180, env={"FERRY_PJRT_WRAPPED_PLUGIN": wrapped})
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["close"], report
+    if api == "0.81":
+        assert report["bridged"] == 0, report  # JAX's options are the plugin's own size
+    else:
+        assert report["bridged"] >= 1, report  # extended for the newer plugin

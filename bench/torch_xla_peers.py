@@ -1,0 +1,156 @@
+"""torch_xla 2.9 next to ferry on the same transfers: each configuration in a process of its own.
+
+  torch_xla (cpu)     torch_xla's built-in CPU client (PJRT_DEVICE=CPU): `.to(xla)`, `.cpu()`
+  torch_xla (plugin)  torch_xla on the bare XLA CPU plugin (PJRT_DEVICE=LIBRARY)
+  torch_xla (ferry)   torch_xla on ferry's plugin wrapping that plugin
+  ferry host:0 / ferry pjrt:0   ferry.device_put / device_get (from .venv, torch 2.13)
+
+Cases (torch's sources; a put is timed until the data is on the device, a read until it is back):
+  contiguous   4096x4096 float32
+  transpose    its .t() (torch_xla makes a contiguous copy first; ferry reads the strides)
+  strided      every other row and column of 8192x8192 float32
+  f64_as_f32   4096x4096 float64 stored as float32 (torch_xla: .to(torch.float32) then
+               .to(xla), the conversion its own XLA_DOWNCAST path does; ferry: device_dtype)
+  bf16         4096x4096 bfloat16
+  read         device -> host of 4096x4096 float32 (`.cpu()`; ferry: device_get)
+Medians of --repeats runs after one warm-up, and the peak extra host memory of one transpose put
+(ru_maxrss of a process that does only that, over one that only makes the source, less the 64 MiB
+of the device copy itself: CPU device memory is host memory).
+
+Usage: python bench/torch_xla_peers.py --xla-python <xla venv python> --plugin <ferry_pjrt_plugin.so>
+Prints a table; --json PATH writes the numbers.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+CASES = ["contiguous", "transpose", "strided", "f64_as_f32", "bf16", "read"]
+
+CHILD = r'''
+import json, os, resource, statistics, sys, time
+import torch
+mode, repeats, case_filter = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+
+def sources():
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4096, 4096, generator=g)
+    return {
+        "contiguous": base, "transpose": base.t(),
+        "strided": torch.randn(8192, 8192, generator=g)[::2, ::2],
+        "f64_as_f32": base.double(), "bf16": base.bfloat16(), "read": base,
+    }
+
+def timed(fn, repeats):
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter(); fn(); times.append(time.perf_counter() - start)
+    return statistics.median(times) if times else None
+
+results = {}
+if mode.startswith("xla"):
+    import torch_xla
+    dev = torch_xla.device()
+    for name, src in sources().items():
+        if case_filter and name not in case_filter.split(","):
+            continue
+        if name == "read":
+            on = src.to(dev); torch_xla.sync()
+            results[name] = timed(lambda: on.cpu(), repeats)
+            continue
+        convert = (lambda s: s.to(torch.float32)) if name == "f64_as_f32" else (lambda s: s)
+
+        def put_and_wait():
+            x = convert(src).to(dev)
+            torch_xla.sync()
+            torch_xla._XLAC._xla_wait_device_ops()
+        results[name] = timed(put_and_wait, repeats)
+else:
+    import ferry
+    device = ferry.device(mode)
+    for name, src in sources().items():
+        if case_filter and name not in case_filter.split(","):
+            continue
+        if name == "read":
+            on = ferry.device_put(src, device).block_until_ready()
+            out = torch.empty_like(src).numpy()
+            results[name] = timed(lambda: ferry.device_get(on, out=out), repeats)
+            continue
+        kwargs = {"device_dtype": "float32"} if name == "f64_as_f32" else {}
+        results[name] = timed(lambda: ferry.device_put(src, device, **kwargs).block_until_ready(),
+                              repeats)
+print(json.dumps({"seconds": results,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+'''
+
+
+def run(python, mode, repeats, env, cases=""):
+    out = subprocess.run([python, "-c", CHILD, mode, str(repeats), cases], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--xla-python", required=True)
+    parser.add_argument("--ferry-python", default=sys.executable)
+    parser.add_argument("--plugin", required=True, help="ferry_pjrt_plugin.so")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    bare = subprocess.run(
+        [args.xla_python, "-c", "import xla_plugins, os; print(os.path.join(list("
+         "xla_plugins.__path__)[0], 'xla_cpu_pjrt', 'xla_cpu_pjrt.so'))"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    base = dict(os.environ)
+    configs = {
+        "torch_xla (cpu)": (args.xla_python, "xla", dict(base, PJRT_DEVICE="CPU")),
+        "torch_xla (plugin)": (args.xla_python, "xla",
+                               dict(base, PJRT_DEVICE="LIBRARY", PJRT_LIBRARY_PATH=bare)),
+        "torch_xla (ferry)": (args.xla_python, "xla",
+                              dict(base, PJRT_DEVICE="LIBRARY", PJRT_LIBRARY_PATH=args.plugin,
+                                   FERRY_PJRT_WRAPPED_PLUGIN=bare)),
+        "ferry host:0": (args.ferry_python, "host:0", base),
+        "ferry pjrt:0": (args.ferry_python, "pjrt:0", base),
+    }
+    results = {name: run(python, mode, args.repeats, env) for name, (python, mode, env)
+               in configs.items()}
+    # Peak extra host memory of one transpose put: the transpose alone, less the source alone.
+    memory = {}
+    for name, (python, mode, env) in configs.items():
+        alone = run(python, mode, 0, env, "none")
+        transposed = run(python, mode, 0, env, "transpose")
+        if "error" not in alone and "error" not in transposed:
+            # Beyond the device copy itself (CPU device memory is host memory: 64 MiB).
+            memory[name] = transposed["peak_rss"] - alone["peak_rss"] - 4096 * 4096 * 4
+    reference = results["torch_xla (cpu)"].get("seconds", {})
+    print(f"{'case':<12}" + "".join(f"{name:>20}" for name in configs))
+    for case in CASES:
+        row = f"{case:<12}"
+        for name in configs:
+            seconds = results[name].get("seconds", {}).get(case)
+            if seconds is None:
+                row += f"{'error':>20}"
+                continue
+            ratio = reference.get(case, 0) / seconds if seconds else 0
+            row += f"{seconds * 1e3:>11.2f} ms {ratio:>5.1f}x"
+        print(row)
+    print("extra host memory of the transpose put: " +
+          ", ".join(f"{name} {value / 2**20:.1f} MiB" for name, value in memory.items()))
+    for name, result in results.items():
+        if "error" in result:
+            print(f"{name}: {result['error']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "extra_memory_transpose": memory,
+                       "ratio_base": "torch_xla (cpu)"}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""torch_xla 2.9 (PJRT C API 0.75) computing on ferry's plugin wrapping the XLA CPU plugin (0.81).
+
+Run with the torch_xla environment (scripts/xla_env.sh) by scripts/test.sh:
+    FERRY_PJRT_PLUGIN_LIBRARY=.../ferry_pjrt_plugin.so <xla venv>/bin/python -m pytest tests/torch_xla
+
+ferry's plugin bridges the minor versions (src/plugin/version_bridge.h: torch_xla's 80-byte
+PJRT_ExecuteOptions, zero-extended to the plugin's 112), takes uploads
+(PJRT_Client_BufferFromHostBuffer) and reads (PJRT_Buffer_ToHostBuffer with torch_xla's row-major
+host_layout, results of computations included) itself; its counters
+(FerryPjrtPluginCounters) prove which path each call took. Every result is compared with the same
+computation on torch's CPU device.
+"""
+
+import ctypes
+import os
+
+import pytest
+
+PLUGIN = os.environ.get("FERRY_PJRT_PLUGIN_LIBRARY")
+if not PLUGIN or not os.path.exists(PLUGIN):
+    reason = f"FERRY_PJRT_PLUGIN_LIBRARY names no plugin ({PLUGIN!r}): scripts/test.sh sets it"
+    required = os.environ.get("FERRY_REQUIRE_ALL_BACKENDS", "")
+    if (os.environ.get("CI") == "true" and required != "0") or required not in ("", "0"):
+        pytest.fail(reason + " [every backend is required here]", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+# Before torch_xla starts its runtime: ferry's plugin, wrapping the XLA CPU plugin of this venv.
+import xla_plugins  # noqa: E402  (the xla-cpu-pjrt package)
+
+WRAPPED = os.path.join(list(xla_plugins.__path__)[0], "xla_cpu_pjrt", "xla_cpu_pjrt.so")
+os.environ["PJRT_DEVICE"] = "LIBRARY"
+os.environ["PJRT_LIBRARY_PATH"] = PLUGIN
+os.environ["FERRY_PJRT_WRAPPED_PLUGIN"] = WRAPPED
+
+import torch  # noqa: E402
+import torch_xla  # noqa: E402
+
+_LIBRARY = ctypes.CDLL(PLUGIN)
+_NAMES = ("puts_by_ferry", "puts_by_plugin", "reads_by_ferry", "reads_by_plugin", "refused")
+
+
+def counters() -> dict[str, int]:
+    values = (ctypes.c_int64 * len(_NAMES))()
+    _LIBRARY.FerryPjrtPluginCounters(values, len(_NAMES))
+    return dict(zip(_NAMES, values))
+
+
+def delta(before: dict[str, int]) -> dict[str, int]:
+    now = counters()
+    return {name: now[name] - before[name] for name in _NAMES}
+
+
+@pytest.fixture(scope="module")
+def xla():
+    return torch_xla.device()
+
+
+def bits(tensor: torch.Tensor) -> bytes:
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int16,
+          torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64]
+
+
+def sample(dtype: torch.dtype, shape=(6, 10)) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(7)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=generator) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype, generator=generator)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000), shape, dtype=dtype,
+                         generator=generator)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_round_trips_are_bit_exact_through_ferry(xla, dtype):
+    source = sample(dtype)
+    before = counters()
+    back = source.to(xla).cpu()
+    assert back.dtype == source.dtype
+    assert bits(back) == bits(source)
+    moved = delta(before)
+    assert moved["puts_by_ferry"] >= 1 and moved["puts_by_plugin"] == 0, moved
+    assert moved["reads_by_ferry"] >= 1 and moved["reads_by_plugin"] == 0, moved
+
+
+@pytest.mark.parametrize("view", ["transpose", "every_other", "column_slice"])
+def test_strided_views_round_trip(xla, view):
+    base = torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12)
+    source = {"transpose": base.t(), "every_other": base[::2, ::2],
+              "column_slice": base[:, 3:7]}[view]
+    assert not source.is_contiguous()
+    assert torch.equal(source.to(xla).cpu(), source)
+
+
+def test_elementwise_operations_equal_cpu(xla):
+    x, y = sample(torch.float32), sample(torch.float32, (6, 10)).flip(0)
+    expected = ((x + 1) * 2 - y).relu() / 3
+    before = counters()
+    got = ((x.to(xla) + 1) * 2 - y.to(xla)).relu() / 3
+    result = got.cpu()
+    assert torch.equal(result, expected)
+    moved = delta(before)
+    # The result was still being computed when torch_xla asked for it: ferry waited and read it.
+    assert moved["reads_by_ferry"] >= 1 and moved["reads_by_plugin"] == 0, moved
+
+
+def test_matmul_equals_cpu(xla):
+    a = torch.randn(64, 96, generator=torch.Generator().manual_seed(1))
+    b = torch.randn(96, 32, generator=torch.Generator().manual_seed(2))
+    got = (a.to(xla) @ b.to(xla)).cpu()
+    torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_training_step_equals_the_same_step_on_cpu(xla):
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    inputs = torch.randn(8, 16)
+    targets = torch.randn(8, 4)
+
+    def step(device):
+        replica = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                      torch.nn.Linear(32, 4)).to(device)
+        replica.load_state_dict(model.state_dict())
+        optimizer = torch.optim.SGD(replica.parameters(), lr=0.1)
+        loss = torch.nn.functional.mse_loss(replica(inputs.to(device)), targets.to(device))
+        loss.backward()
+        optimizer.step()
+        if device != "cpu":
+            torch_xla.sync()
+        return loss.detach().cpu(), {k: v.detach().cpu() for k, v in replica.state_dict().items()}
+
+    cpu_loss, cpu_params = step("cpu")
+    xla_loss, xla_params = step(xla)
+    torch.testing.assert_close(xla_loss, cpu_loss, rtol=1e-5, atol=1e-6)
+    for name, value in cpu_params.items():
+        torch.testing.assert_close(xla_params[name], value, rtol=1e-5, atol=1e-6)
