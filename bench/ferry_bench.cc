@@ -820,8 +820,16 @@ struct BenchOptions {
   bool no_fresh_loads = false;  // --no-fresh-loads
   std::string python;
 
-  // bench/fresh_loads.py runs with --fresh-loads, and with --peers unless --no-fresh-loads.
-  bool RunsFreshLoads() const { return fresh_loads || (peers && !no_fresh_loads); }
+  // bench/fresh_loads.py runs with --fresh-loads, and on a whole --peers run (no --case) unless
+  // --no-fresh-loads.
+  bool RunsFreshLoads() const {
+    return fresh_loads || (peers && case_names.empty() && !no_fresh_loads);
+  }
+  // bench/torch_xla_peers.py runs with --peers on a whole run, or when --torch-xla names its Python.
+  bool RunsTorchXla() const { return peers && (case_names.empty() || !torch_xla_python.empty()); }
+  // torch_xla's interpreter (scripts/xla_env.sh's venv): with --peers, bench/torch_xla_peers.py
+  // runs with it; empty: the default venv's, when it exists.
+  std::string torch_xla_python;
 };
 
 void AddBenchOptions(CLI::App& app, BenchOptions& options) {
@@ -839,9 +847,14 @@ void AddBenchOptions(CLI::App& app, BenchOptions& options) {
       "Also time checkpoint loads in fresh processes, warm and cold (bench/fresh_loads.py, with "
       "the peers' Python): ferry against safetensors, fastsafetensors, tensorizer and "
       "runai-model-streamer (scripts/python_env.sh --bench installs them) on a 1 GiB and a 2 GiB "
-      "file and 20,000 small tensors, with time, GB/s and peak RSS. On with --peers");
+      "file and 20,000 small tensors, with time, GB/s and peak RSS. On with --peers and no "
+      "--case");
   app.add_flag("--no-fresh-loads", options.no_fresh_loads, "--peers without the fresh loads")
       ->excludes(fresh);
+  app.add_option("--torch-xla", options.torch_xla_python,
+                 "With --peers: torch_xla's Python (default: scripts/xla_env.sh's venv, when it "
+                 "exists, on a run without --case) for bench/torch_xla_peers.py: torch_xla 2.9 on "
+                 "its CPU client, on the bare plugin and on ferry's, against ferry's devices");
   app.add_option("--case", options.case_names, "Run only these cases (repeatable, or a comma list)")
       ->delimiter(',');
   app.add_option("--size", options.scale,
@@ -988,6 +1001,7 @@ void PrintTableHeader() {
 struct CaseRows {
   Json results = Json::array();
   Json fresh_loads;  // bench/fresh_loads.py's results (--fresh-loads)
+  Json torch_xla;    // bench/torch_xla_peers.py's results (--peers, with torch_xla's venv)
   int failures = 0;
   Json peers_versions;  // from the last peers.py row
   bool peers_failed = false;
@@ -1075,6 +1089,38 @@ void RunFreshLoads(const std::string& python, CaseRows& rows) {
   rows.fresh_loads = *std::move(results);
 }
 
+// bench/torch_xla_peers.py (its table to the terminal, its results into rows.torch_xla), with
+// `xla_python` or the default venv of scripts/xla_env.sh; a note when there is none.
+void RunTorchXlaPeers(std::string xla_python, const std::string& python, CaseRows& rows) {
+  if (xla_python.empty()) {
+    const char* cache = std::getenv("XDG_CACHE_HOME");
+    const char* home = std::getenv("HOME");
+    const std::filesystem::path base = cache != nullptr && *cache != '\0'
+                                           ? std::filesystem::path(cache)
+                                           : std::filesystem::path(home ? home : "/") / ".cache";
+    const std::filesystem::path venv = base / "ferry" / "venv-xla" / "bin" / "python";
+    if (!std::filesystem::exists(venv)) {
+      fmt::print("\n{}", Wrapped(fmt::format("torch_xla peers skipped: no {} (scripts/xla_env.sh "
+                                             "makes it; or --torch-xla PY)",
+                                             venv.string())));
+      return;
+    }
+    xla_python = venv.string();
+  }
+  fmt::print("\n{}", Wrapped("torch_xla 2.9 against ferry (bench/torch_xla_peers.py): each "
+                             "configuration a process of its own; the table follows on stderr"));
+  std::fflush(stdout);
+  StatusOr<Json> results = RunPythonScript(
+      python, "torch_xla_peers.py", fmt::format("--json - --xla-python '{}'", xla_python));
+  if (!results.ok()) {
+    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: torch_xla peers failed: {}",
+                                                 std::string(results.status().message()))));
+    ++rows.failures;
+    return;
+  }
+  rows.torch_xla = *std::move(results);
+}
+
 // Writes --json: the rows, the machine and the settings of the run.
 Status WriteResultsJson(const BenchOptions& options, const std::string& peers_python,
                         const Device& device, Json machine, CaseRows& rows) {
@@ -1089,6 +1135,7 @@ Status WriteResultsJson(const BenchOptions& options, const std::string& peers_py
                           {"heap_accounting", HeapAccountingEnabled() ? "malloc interposition"
                                                                       : "off (sanitizer build)"}};
   if (!rows.fresh_loads.is_null()) document["fresh_loads"] = std::move(rows.fresh_loads);
+  if (!rows.torch_xla.is_null()) document["torch_xla"] = std::move(rows.torch_xla);
   if (options.peers) {
     document["settings"]["peers_python"] = peers_python;
     if (!rows.peers_versions.is_null()) {
@@ -1148,6 +1195,7 @@ int RunBench(int argc, char** argv) {
   CaseRows rows = RunCases(*selected, context, options.repeats, peer_session.get());
   if (!options.python.empty()) RunPythonRows(options.python, options, *device, rows);
   if (options.RunsFreshLoads()) RunFreshLoads(peers_python, rows);
+  if (options.RunsTorchXla()) RunTorchXlaPeers(options.torch_xla_python, peers_python, rows);
 
   if (!options.json_path.empty()) {
     if (Status written = WriteResultsJson(options, peers_python, *device, std::move(machine), rows);

@@ -288,20 +288,21 @@ def print_table(rows):
 
 
 def add_ratios(rows):
+    """ferry's rows: vs_best_peer (the fastest of PEERS' median over ferry's), the RSS over the
+    lowest peer's, and vs_safetensors."""
     for row in rows:
         if row["loader"] != "ferry" or row["error"]:
             continue
-        peers = [r for r in rows if r["file"] == row["file"] and r["cache"] == row["cache"]
-                 and r["loader"] in PEERS and not r["error"]]
-        if not peers:
-            continue
-        best = min(peers, key=lambda r: r["seconds_median"])
-        row["best_peer"] = best["loader"]
-        row["vs_best_peer"] = best["seconds_median"] / row["seconds_median"]
-        row["rss_vs_best_peer_rss"] = (row["peak_rss_bytes_median"]
-                                       / min(r["peak_rss_bytes_median"] for r in peers))
-        safetensors = [r for r in rows if r["file"] == row["file"] and r["cache"] == row["cache"]
-                       and r["loader"] == "safetensors" and not r["error"]]
+        same = [r for r in rows if r["file"] == row["file"] and r["cache"] == row["cache"]
+                and not r["error"]]
+        peers = [r for r in same if r["loader"] in PEERS]
+        if peers:
+            best = min(peers, key=lambda r: r["seconds_median"])
+            row["best_peer"] = best["loader"]
+            row["vs_best_peer"] = best["seconds_median"] / row["seconds_median"]
+            row["rss_vs_best_peer_rss"] = (row["peak_rss_bytes_median"]
+                                           / min(r["peak_rss_bytes_median"] for r in peers))
+        safetensors = [r for r in same if r["loader"] == "safetensors"]
         if safetensors:
             row["vs_safetensors"] = safetensors[0]["seconds_median"] / row["seconds_median"]
 

@@ -17,8 +17,10 @@ Medians of --repeats runs after one warm-up, and the peak extra host memory of o
 (ru_maxrss of a process that does only that, over one that only makes the source, less the 64 MiB
 of the device copy itself: CPU device memory is host memory).
 
-Usage: python bench/torch_xla_peers.py --xla-python <xla venv python> --plugin <ferry_pjrt_plugin.so>
-Prints a table; --json PATH writes the numbers.
+Usage: python bench/torch_xla_peers.py --xla-python <xla venv python> [--plugin PATH]
+(scripts/xla_env.sh makes that venv and prints its python; `ferry-bench --peers` runs this script
+when the venv is there). Prints a table; --json PATH writes the numbers (- for stdout, with
+{"results": ...} as ferry-bench reads it).
 """
 
 import argparse
@@ -67,7 +69,7 @@ if mode.startswith("xla"):
         def put_and_wait():
             x = convert(src).to(dev)
             torch_xla.sync()
-            torch_xla._XLAC._xla_wait_device_ops()
+            torch_xla._XLAC._xla_wait_device_ops([])
         results[name] = timed(put_and_wait, repeats)
 else:
     import ferry
@@ -100,10 +102,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--xla-python", required=True)
     parser.add_argument("--ferry-python", default=sys.executable)
-    parser.add_argument("--plugin", required=True, help="ferry_pjrt_plugin.so")
+    parser.add_argument("--plugin", help="ferry_pjrt_plugin.so (default: the one of the ferry "
+                        "package that --ferry-python imports)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.plugin is None:
+        args.plugin = subprocess.run(
+            [args.ferry_python, "-c", "import ferry.jax; print(ferry.jax.plugin_path())"],
+            capture_output=True, text=True, check=True).stdout.strip()
     bare = subprocess.run(
         [args.xla_python, "-c", "import xla_plugins, os; print(os.path.join(list("
          "xla_plugins.__path__)[0], 'xla_cpu_pjrt', 'xla_cpu_pjrt.so'))"],
@@ -129,8 +136,9 @@ def main():
         if "error" not in alone and "error" not in transposed:
             # Beyond the device copy itself (CPU device memory is host memory: 64 MiB).
             memory[name] = transposed["peak_rss"] - alone["peak_rss"] - 4096 * 4096 * 4
+    out = sys.stderr if args.json == "-" else sys.stdout
     reference = results["torch_xla (cpu)"].get("seconds", {})
-    print(f"{'case':<12}" + "".join(f"{name:>20}" for name in configs))
+    print(f"{'case':<12}" + "".join(f"{name:>20}" for name in configs), file=out)
     for case in CASES:
         row = f"{case:<12}"
         for name in configs:
@@ -140,16 +148,20 @@ def main():
                 continue
             ratio = reference.get(case, 0) / seconds if seconds else 0
             row += f"{seconds * 1e3:>11.2f} ms {ratio:>5.1f}x"
-        print(row)
+        print(row, file=out)
     print("extra host memory of the transpose put: " +
-          ", ".join(f"{name} {value / 2**20:.1f} MiB" for name, value in memory.items()))
+          ", ".join(f"{name} {value / 2**20:.1f} MiB" for name, value in memory.items()),
+          file=out)
     for name, result in results.items():
         if "error" in result:
-            print(f"{name}: {result['error']}")
-    if args.json:
+            print(f"{name}: {result['error']}", file=out)
+    document = {"results": results, "extra_memory_transpose": memory,
+                "ratio_base": "torch_xla (cpu)"}
+    if args.json == "-":
+        print(json.dumps(document))
+    elif args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "extra_memory_transpose": memory,
-                       "ratio_base": "torch_xla (cpu)"}, f, indent=1)
+            json.dump(document, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -155,3 +155,29 @@ def test_jax_puts_onto_the_pjrt_plugin_when_given_one():
         assert "jax_error" not in row, row.get("jax_error")
         assert row["jax_device"] == plugin
         assert row["jax_seconds_median"] > 0
+
+
+def test_fresh_loads_times_each_loader_in_fresh_processes(tmp_path):
+    """bench/fresh_loads.py (ferry-bench --fresh-loads): every loader a new process per run, with
+    its load time, process time and peak RSS; ferry's row compared with safetensors'."""
+    ferry_command = pathlib.Path(sys.executable).parent / "ferry"
+    if not ferry_command.exists():
+        pytest.skip(f"no ferry command beside {sys.executable} (pip install . puts it there)")
+    result_file = tmp_path / "loads.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fresh_loads.py"), "--files", "many_20k",
+         "--loaders", "ferry,ferry_put,safetensors", "--cache", "warm", "--repeats", "1",
+         "--data-dir", str(tmp_path), "--ferry", str(ferry_command), "--json", str(result_file)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    document = json.loads(result_file.read_text())
+    rows = {row["loader"]: row for row in document["results"]}
+    assert set(rows) == {"ferry", "ferry_put", "safetensors"}
+    for row in rows.values():
+        assert row["error"] is None, row
+        assert row["seconds_median"] > 0 and row["peak_rss_bytes_median"] > 0
+        assert row["process_seconds_median"] >= row["seconds_median"]
+    assert rows["ferry"]["vs_safetensors"] == pytest.approx(
+        rows["safetensors"]["seconds_median"] / rows["ferry"]["seconds_median"])
+    # Two runs per loader: the untimed warm-up and the timed one, each a process of its own.
+    assert len(document["runs"]) == 3
