@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as the README and CI run it: installs what it needs, builds, then runs the
 # C++ suite plain, under ASan+UBSan and under TSan (each in its own build folder), then builds the
-# binary wheel, checks it in a fresh venv, installs it into .venv and runs the pytest suite.
+# binary wheel, checks it in a fresh venv, installs it into .venv and runs the pytest suite, then
+# runs torch_xla 2.9 on ferry's plugin from torch_xla's own venv (scripts/xla_env.sh).
 # In CI (CI=true) every backend must start (host, opencl, pjrt at API 0.81 and 0.115, the plugin):
 # a test that needs one that cannot fails with the reason instead of skipping
 # (tests/required_backends.h, tests/python/conftest.py; FERRY_REQUIRE_ALL_BACKENDS overrides).
@@ -97,9 +98,11 @@ stage "Python package (the same wheel installed into .venv) and pytest"
 
 stage "torch_xla 2.9 on ferry's plugin (its own venv: scripts/xla_env.sh)"
 # torch_xla pins torch 2.9, so it runs from a venv of its own (outside the checkout, made once);
-# it loads the plugin of the wheel installed above.
+# it gets the same wheel (ferry.torch_xla; numpy, its one dependency there, is in the venv) and
+# loads that wheel's plugin, so that the process holds one libferry.so.
 xla_python=$("$root/scripts/xla_env.sh" | tail -n 1)
-plugin=$("$python" -c "import ferry.jax; print(ferry.jax.plugin_path())")
+"$xla_python" -m pip install -q --no-deps --force-reinstall --disable-pip-version-check "$wheel"
+plugin=$("$xla_python" -c "import ferry.jax; print(ferry.jax.plugin_path())")
 (cd "$root/tests/torch_xla" &&
   FERRY_PJRT_PLUGIN_LIBRARY="$plugin" "$xla_python" -m pytest -q -p no:cacheprovider)
 

@@ -139,3 +139,27 @@ def test_a_training_step_equals_the_same_step_on_cpu(xla):
     torch.testing.assert_close(xla_loss, cpu_loss, rtol=1e-5, atol=1e-6)
     for name, value in cpu_params.items():
         torch.testing.assert_close(xla_params[name], value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("view", ["contiguous", "transpose", "every_other", "column_slice"])
+def test_to_xla_puts_strided_tensors_without_torch_xlas_contiguous_copy(xla, view):
+    """ferry.torch_xla.to_xla: ferry gathers the strided tensor once into host memory that
+    torch_xla views (from_dlpack): the XLA tensor computes like any other and equals the source."""
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    base = torch.arange(16 * 24, dtype=torch.float32).reshape(16, 24) / 5
+    source = {"contiguous": base, "transpose": base.t(), "every_other": base[::2, ::2],
+              "column_slice": base[:, 3:17]}[view]
+    on_xla = ferry_torch_xla.to_xla(source)
+    assert on_xla.device.type == "xla"
+    assert torch.equal(on_xla.cpu(), source)
+    assert torch.equal((on_xla * 2 + 1).cpu(), source * 2 + 1)
+
+
+def test_to_xla_converts_on_the_way(xla):
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    source = torch.randn(32, 48, dtype=torch.float64).t()
+    on_xla = ferry_torch_xla.to_xla(source, dtype="float32")
+    assert on_xla.dtype == torch.float32
+    assert torch.equal(on_xla.cpu(), source.to(torch.float32))

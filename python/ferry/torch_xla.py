@@ -1,0 +1,43 @@
+"""torch_xla without its contiguous copy (docs/jax.md, "torch_xla").
+
+``tensor.to(xla_device)`` in torch_xla 2.9 first copies the tensor into a new contiguous CPU tensor
+(its ``AtenSource``) and then has PJRT copy that into device memory: two full-size copies, the
+first a strided gather, and a full-size temporary. ``ferry.torch_xla.to_xla`` gathers the tensor
+once, through its real strides and converting on the way if asked, straight into memory that
+torch_xla takes as it is (``torch_xla.utils.dlpack.from_dlpack`` of a ferry array on ``host:0``:
+a view, no copy). The XLA tensor keeps ferry's array alive.
+
+It needs torch_xla's device memory to be host memory: torch_xla's CPU platform (``PJRT_DEVICE=CPU``,
+or ferry's plugin over the XLA CPU plugin). torch_xla's ``from_dlpack`` accepts host memory there
+only; elsewhere (a GPU or TPU plugin) ``to_xla`` raises ``ferry.UnimplementedError``: use
+``.to(device)``, or ferry's plugin, whose puts already read the real strides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ferry
+
+
+def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
+    """A torch_xla tensor on torch_xla's default device holding `tensor`'s values (a torch tensor
+    of any strides, or anything ferry.device_put takes), stored as `dtype` if given (ferry's
+    conversion rules, docs/conversions.md), made without torch_xla's contiguous copy."""
+    import torch_xla  # noqa: F401  (torch_xla's runtime must be up before from_dlpack)
+    from torch_xla.utils import dlpack as xla_dlpack
+
+    import torch_xla.runtime as xr
+
+    platform = xr.device_type()
+    if platform not in ("CPU", "LIBRARY"):
+        raise ferry.UnimplementedError(
+            f"to_xla: torch_xla's device memory on {platform} is not host memory, which "
+            "torch_xla's from_dlpack needs; use tensor.to(device)")
+    array = ferry.device_put(tensor, "host:0", device_dtype=dtype)
+    try:
+        return xla_dlpack.from_dlpack(array)
+    except (RuntimeError, ValueError) as error:
+        raise ferry.UnimplementedError(
+            f"to_xla: torch_xla did not take ferry's host memory ({error}); its from_dlpack "
+            "views host memory on the CPU platform only: use tensor.to(device)") from error
