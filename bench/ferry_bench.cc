@@ -1071,22 +1071,29 @@ void RunPythonRows(const std::string& python, const BenchOptions& options, const
   }
 }
 
+// A section of the run that a bench script measures on its own (its table on stderr as it runs):
+// its results, or null after saying why it failed (counted in rows.failures).
+Json RunPythonSection(const std::string& python, const std::string& script,
+                      const std::string& arguments, CaseRows& rows) {
+  std::fflush(stdout);
+  StatusOr<Json> results = RunPythonScript(python, script, arguments);
+  if (!results.ok()) {
+    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: {} failed: {}", script,
+                                                 std::string(results.status().message()))));
+    ++rows.failures;
+    return Json();
+  }
+  return *std::move(results);
+}
+
 // bench/fresh_loads.py with `python` (its table goes to the terminal as it runs, its rows into
 // `rows.fresh_loads`), using the `ferry` command installed beside that interpreter.
 void RunFreshLoads(const std::string& python, CaseRows& rows) {
   fmt::print("\n{}", Wrapped("fresh-process loads (bench/fresh_loads.py): each load a new "
                              "process, loaders interleaved; the table follows on stderr"));
-  std::fflush(stdout);
   const std::string ferry = (std::filesystem::path(python).parent_path() / "ferry").string();
-  StatusOr<Json> results = RunPythonScript(python, "fresh_loads.py",
-                                           fmt::format("--json - --ferry '{}'", ferry));
-  if (!results.ok()) {
-    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: fresh loads failed: {}",
-                                                 std::string(results.status().message()))));
-    ++rows.failures;
-    return;
-  }
-  rows.fresh_loads = *std::move(results);
+  rows.fresh_loads = RunPythonSection(python, "fresh_loads.py",
+                                      fmt::format("--json - --ferry '{}'", ferry), rows);
 }
 
 // bench/torch_xla_peers.py (its table to the terminal, its results into rows.torch_xla), with
@@ -1109,16 +1116,8 @@ void RunTorchXlaPeers(std::string xla_python, const std::string& python, CaseRow
   }
   fmt::print("\n{}", Wrapped("torch_xla 2.9 against ferry (bench/torch_xla_peers.py): each "
                              "configuration a process of its own; the table follows on stderr"));
-  std::fflush(stdout);
-  StatusOr<Json> results = RunPythonScript(
-      python, "torch_xla_peers.py", fmt::format("--json - --xla-python '{}'", xla_python));
-  if (!results.ok()) {
-    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: torch_xla peers failed: {}",
-                                                 std::string(results.status().message()))));
-    ++rows.failures;
-    return;
-  }
-  rows.torch_xla = *std::move(results);
+  rows.torch_xla = RunPythonSection(python, "torch_xla_peers.py",
+                                    fmt::format("--json - --xla-python '{}'", xla_python), rows);
 }
 
 // Writes --json: the rows, the machine and the settings of the run.

@@ -41,6 +41,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+
+from bench_json import write_document
 import time
 
 LOADERS = ["ferry", "ferry_put", "safetensors", "fastsafetensors", "tensorizer", "runai"]
@@ -350,11 +352,7 @@ def main():
     print_table(rows)
     document = {"results": rows, "runs": runs,
                 "machine": {"cores": os.cpu_count(), "load_average": os.getloadavg()}}
-    if args.json == "-":
-        print(json.dumps(document))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(document, f, indent=1)
+    write_document(document, args.json)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import statistics
 import subprocess
 import sys
 
+from bench_json import write_document
+
 CASES = ["contiguous", "transpose", "strided", "f64_as_f32", "bf16", "read"]
 
 CHILD = r'''
@@ -38,13 +40,17 @@ import torch
 mode, repeats, case_filter = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
 def sources():
+    """The cases' sources, made one at a time (a memory run makes only its own)."""
     g = torch.Generator().manual_seed(0)
     base = torch.randn(4096, 4096, generator=g)
-    return {
-        "contiguous": base, "transpose": base.t(),
-        "strided": torch.randn(8192, 8192, generator=g)[::2, ::2],
-        "f64_as_f32": base.double(), "bf16": base.bfloat16(), "read": base,
+    makers = {
+        "contiguous": lambda: base, "transpose": lambda: base.t(),
+        "strided": lambda: torch.randn(8192, 8192, generator=g)[::2, ::2],
+        "f64_as_f32": lambda: base.double(), "bf16": lambda: base.bfloat16(), "read": lambda: base,
     }
+    for name, make in makers.items():
+        if not case_filter or name in case_filter.split(","):
+            yield name, make()
 
 def timed(fn, repeats):
     fn()
@@ -57,9 +63,7 @@ results = {}
 if mode.startswith("xla"):
     import torch_xla
     dev = torch_xla.device()
-    for name, src in sources().items():
-        if case_filter and name not in case_filter.split(","):
-            continue
+    for name, src in sources():
         if name == "read":
             on = src.to(dev); torch_xla.sync()
             results[name] = timed(lambda: on.cpu(), repeats)
@@ -74,9 +78,7 @@ if mode.startswith("xla"):
 else:
     import ferry
     device = ferry.device(mode)
-    for name, src in sources().items():
-        if case_filter and name not in case_filter.split(","):
-            continue
+    for name, src in sources():
         if name == "read":
             on = ferry.device_put(src, device).block_until_ready()
             out = torch.empty_like(src).numpy()
@@ -157,11 +159,7 @@ def main():
             print(f"{name}: {result['error']}", file=out)
     document = {"results": results, "extra_memory_transpose": memory,
                 "ratio_base": "torch_xla (cpu)"}
-    if args.json == "-":
-        print(json.dumps(document))
-    elif args.json:
-        with open(args.json, "w") as f:
-            json.dump(document, f, indent=1)
+    write_document(document, args.json)
 
 
 if __name__ == "__main__":

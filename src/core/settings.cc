@@ -45,7 +45,9 @@ constexpr std::string_view kPathList = "a ':'-separated list of folders";
 constexpr std::string_view kLibrary = "a shared library's name or path";
 constexpr std::string_view kHugePagesChoice = "auto, on or off";
 constexpr std::string_view kThreadCount = "a thread count (an integer from 1 to 1024)";
+constexpr std::string_view kReadSize = "a read size (an integer from 4096 to 1073741824 bytes)";
 constexpr int64_t kDefaultLoadWindowBytes = int64_t{256} << 20;
+constexpr int64_t kDefaultLoadReadBytes = int64_t{8} << 20;
 
 // Sorted by name (AllSettings promises it; a test checks it).
 constexpr SettingInfo kSettings[] = {
@@ -72,6 +74,10 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_HOST_MEMORY_LIMIT", SettingScope::kClient, kByteCount, "none",
      "ClientOptions::capabilities (memory_limit_bytes)",
      "Each host device's memory limit in bytes (a transfer beyond it is ResourceExhausted)."},
+    {"FERRY_LOAD_READ_BYTES", SettingScope::kProcess, kReadSize, "8388608 (8 MiB)", "",
+     "The size of each read a load makes from a file straight into device memory (`ferry put`, "
+     "`load_file(path, device)` on host devices: pread); a large tensor is read in pieces of "
+     "this size, FERRY_LOAD_READ_THREADS of them at once."},
     {"FERRY_LOAD_READ_THREADS", SettingScope::kProcess, kThreadCount, "none: one per core", "",
      "How many reads of a file being loaded are in flight at once (`ferry put`, "
      "`load_file(path, device)`): the threads that read tensors straight into host-writable "
@@ -117,6 +123,15 @@ StatusOr<int64_t> ParseByteCount(std::string_view name, std::string_view text) {
   int64_t value = 0;
   if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value) || value < 0)
     return BadValue(name, text, kByteCount);
+  return value;
+}
+
+StatusOr<int64_t> ParseReadSize(std::string_view name, std::string_view text) {
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value) || value < 4096 ||
+      value > (int64_t{1} << 30)) {
+    return BadValue(name, text, kReadSize);
+  }
   return value;
 }
 
@@ -167,6 +182,7 @@ Status Validate(std::string_view name, std::string_view text) {
   }
   if (name == "FERRY_HOST_DEVICES") return ParseDeviceCount(name, text).status();
   if (name == "FERRY_LOAD_READ_THREADS") return ParseThreadCount(name, text).status();
+  if (name == "FERRY_LOAD_READ_BYTES") return ParseReadSize(name, text).status();
   if (name == "FERRY_LOAD_WINDOW_BYTES") return ParseByteCount(name, text).status();
   if (name == "FERRY_DISTRIBUTED_TIMEOUT_S") return ParseSeconds(name, text).status();
   if (name == "FERRY_CONVERT_KERNELS") return ParseKernelLevel(name, text).status();
@@ -320,6 +336,13 @@ StatusOr<std::optional<int64_t>> HostMemoryLimit() {
   if (!value.text.has_value()) return std::optional<int64_t>();
   FERRY_ASSIGN_OR_RETURN(const int64_t limit, ParseByteCount(kName, *value.text));
   return std::optional<int64_t>(limit);
+}
+
+StatusOr<int64_t> LoadReadBytes() {
+  constexpr std::string_view kName = "FERRY_LOAD_READ_BYTES";
+  const SettingValue value = ValueOf(kName);
+  if (!value.text.has_value()) return kDefaultLoadReadBytes;
+  return ParseReadSize(kName, *value.text);
 }
 
 StatusOr<std::optional<int>> LoadReadThreads() {

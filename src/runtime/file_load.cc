@@ -128,7 +128,8 @@ class FileLoad {
     }
     if (chosen.empty()) return OkStatus();
     FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> read,
-                           ReadFileTensors(reads, device_, options_.read_threads));
+                           ReadFileTensors(reads, device_, options_.read_threads,
+                                           options_.read_bytes));
     for (size_t k = 0; k < chosen.size(); ++k) {
       // A tensor the reader did not take after all is put from the mapping (StartPuts); its
       // pages, not faulted in ahead, come in as the put reads them.
@@ -220,6 +221,7 @@ bool RequestAppliesTo(DType requested, DType stored) {
 StatusOr<FileLoadOptions> FileLoadOptionsFromSettings() {
   FileLoadOptions options;
   FERRY_ASSIGN_OR_RETURN(options.window_bytes, settings::LoadWindowBytes());
+  FERRY_ASSIGN_OR_RETURN(options.read_bytes, settings::LoadReadBytes());
   FERRY_ASSIGN_OR_RETURN(const std::optional<int> threads, settings::LoadReadThreads());
   options.read_threads =
       threads.value_or(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));

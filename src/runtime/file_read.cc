@@ -17,9 +17,6 @@
 namespace ferry {
 namespace {
 
-// A read is cut into pieces of this size so that one large tensor keeps every thread busy.
-constexpr int64_t kReadPieceBytes = int64_t{8} << 20;
-
 // A tensor being read in place: its writer and where its bytes go.
 struct InPlaceTensor {
   size_t index = 0;  // in the caller's span
@@ -119,7 +116,10 @@ bool DeviceMemoryIsHostWritable(Device& device) {
 }
 
 StatusOr<std::vector<DataPtr>> ReadFileTensors(absl::Span<const FileTensorRead> tensors,
-                                               Device* device, int read_threads) {
+                                               Device* device, int read_threads,
+                                               int64_t read_bytes) {
+  // Reads are cut into pieces so that one large tensor keeps every thread busy.
+  read_bytes = std::max<int64_t>(read_bytes, 4096);
   std::vector<DataPtr> result(tensors.size());
   if (device == nullptr || device->client() == nullptr) {
     return InvalidArgumentError("ReadFileTensors: the device is null or has no client here");
@@ -139,8 +139,8 @@ StatusOr<std::vector<DataPtr>> ReadFileTensors(absl::Span<const FileTensorRead> 
       continue;
     }
     const int64_t size = view.dense_size_bytes();
-    for (int64_t offset = 0; offset < size; offset += kReadPieceBytes) {
-      pieces.push_back({in_place.size(), offset, std::min(kReadPieceBytes, size - offset)});
+    for (int64_t offset = 0; offset < size; offset += read_bytes) {
+      pieces.push_back({in_place.size(), offset, std::min(read_bytes, size - offset)});
     }
     in_place.push_back({i, &read, std::move(writer), destination, size});
   }

@@ -16,21 +16,26 @@
 namespace ferry {
 namespace {
 
+// Writes `contents` to a file named `stem` and this process's id in the temp folder; its path.
+std::string WriteTempFile(const std::string& stem, const std::vector<unsigned char>& contents) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / (stem + std::to_string(getpid()))).string();
+  FILE* file = std::fopen(path.c_str(), "wb");
+  EXPECT_NE(file, nullptr) << path;
+  if (file != nullptr) {
+    EXPECT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
+    std::fclose(file);
+  }
+  return path;
+}
+
 TEST(MappedFileTest, PagesThatVanishReadAsZerosAndAreReportedOnceNamingTheFile) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the sanitizer runtimes take over fault signals (ASan's handle_sigbus, TSan's "
                   "signal handling); the plain build runs this test";
 #endif
   const std::string path =
-      (std::filesystem::temp_directory_path() / ("ferry_truncated_" + std::to_string(getpid())))
-          .string();
-  {
-    std::vector<unsigned char> contents(64 << 10, 0xab);
-    FILE* file = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(file, nullptr);
-    ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
-    std::fclose(file);
-  }
+      WriteTempFile("ferry_truncated_", std::vector<unsigned char>(64 << 10, 0xab));
   auto mapped = MappedFile::Open(path);
   ASSERT_TRUE(mapped.ok()) << mapped.status();
   ASSERT_TRUE((*mapped)->CheckIntact().ok());
@@ -84,17 +89,9 @@ int64_t ResidentBytesOf(const MappedFile& mapped) {
 
 TEST(MappedFileTest, ReleasedPagesLeaveTheProcessAndReadTheSameAgain) {
   const int64_t page = sysconf(_SC_PAGESIZE);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("ferry_release_" + std::to_string(getpid())))
-          .string();
   std::vector<unsigned char> contents(static_cast<size_t>(64 * page));
   for (size_t i = 0; i < contents.size(); ++i) contents[i] = static_cast<unsigned char>(i * 7);
-  {
-    FILE* file = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(file, nullptr);
-    ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
-    std::fclose(file);
-  }
+  const std::string path = WriteTempFile("ferry_release_", contents);
   auto mapped = MappedFile::Open(path);
   std::remove(path.c_str());  // the mapping keeps the contents
   ASSERT_TRUE(mapped.ok()) << mapped.status();
@@ -120,17 +117,9 @@ TEST(MappedFileTest, ReleasedPagesLeaveTheProcessAndReadTheSameAgain) {
 
 TEST(MappedFileTest, ReadAtReadsTheFileWithoutTouchingTheMapping) {
   const int64_t page = sysconf(_SC_PAGESIZE);
-  const std::string path =
-      (std::filesystem::temp_directory_path() / ("ferry_read_at_" + std::to_string(getpid())))
-          .string();
   std::vector<unsigned char> contents(static_cast<size_t>(32 * page));
   for (size_t i = 0; i < contents.size(); ++i) contents[i] = static_cast<unsigned char>(i * 13 + 5);
-  {
-    FILE* file = std::fopen(path.c_str(), "wb");
-    ASSERT_NE(file, nullptr);
-    ASSERT_EQ(std::fwrite(contents.data(), 1, contents.size(), file), contents.size());
-    std::fclose(file);
-  }
+  const std::string path = WriteTempFile("ferry_read_at_", contents);
   auto mapped = MappedFile::Open(path);
   ASSERT_TRUE(mapped.ok()) << mapped.status();
   const MappedFile& file = **mapped;

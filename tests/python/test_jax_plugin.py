@@ -23,17 +23,18 @@ except Exception as error:  # noqa: BLE001 - ferry.UnavailableError, reported as
     PLUGIN_MISSING = str(error)
 
 
-def _wrapped_plugin():
-    """The XLA CPU plugin at API 0.81 (the version JAX 0.10.2 runs), or None."""
+def _plugin_file(package_name, file_name):
+    """The plugin library `file_name` of the installed package `package_name`, or None."""
     try:
-        import xla_plugins.xla_cpu_pjrt as package
+        package = __import__(package_name, fromlist=["__file__"])
     except ImportError:
         return None
-    path = os.path.join(os.path.dirname(package.__file__), "xla_cpu_pjrt.so")
+    path = os.path.join(os.path.dirname(package.__file__), file_name)
     return path if os.path.isfile(path) else None
 
 
-WRAPPED = _wrapped_plugin()
+# The XLA CPU plugin at API 0.81 (the version JAX 0.10.2 runs), or None.
+WRAPPED = _plugin_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
 if PLUGIN is None:
     skip_or_fail_unavailable(f"no ferry_pjrt_plugin.so: {PLUGIN_MISSING}", allow_module_level=True)
 if WRAPPED is None:
@@ -335,23 +336,15 @@ print(json.dumps({"deltas": deltas, "counters": counters, "runtimes": runtimes,
         assert deltas[name] == counters[counter], (deltas, counters)
 
 
-def _plugin_at_api_0_115():
-    """The same XLA CPU plugin built at PJRT API 0.115 (lammps-jax-pjrt-cpu), or None."""
-    try:
-        import lammps_jax_pjrt_cpu as package
-    except ImportError:
-        return None
-    path = os.path.join(os.path.dirname(package.__file__), "pjrt_c_api_cpu_plugin.so")
-    return path if os.path.isfile(path) else None
-
-
 @pytest.mark.parametrize("api", ["0.81", "0.115"])
 def test_jax_computes_on_ferrys_plugin_over_either_plugin_version(api):
     """JAX's Execute passes through ferry's version bridge (src/plugin/version_bridge.h) to the
     wrapped plugin whatever its version: on 0.81 (the header JAX and ferry share: nothing to
     extend) and on 0.115 (newer than ferry's header: the options are given zeros up to
     kExtendedOptionsBytes), jit, matmul and reads agree with numpy."""
-    wrapped = WRAPPED if api == "0.81" else _plugin_at_api_0_115()
+    # 0.115: the same XLA CPU plugin built at that API (lammps-jax-pjrt-cpu).
+    wrapped = (WRAPPED if api == "0.81"
+               else _plugin_file("lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so"))
     if wrapped is None:
         skip_or_fail_unavailable(f"no XLA CPU plugin at PJRT API {api}")
     program = """

@@ -99,7 +99,10 @@ enum class HugePagesSetting { kAuto, kOn, kOff };
 StatusOr<HugePagesSetting> HostHugePages();
 // FERRY_HOST_MEMORY_LIMIT: each host device's memory limit in bytes; nullopt: none.
 StatusOr<std::optional<int64_t>> HostMemoryLimit();
-// FERRY_LOAD_READ_THREADS: threads that fault in a load's next window; nullopt: one per core.
+// FERRY_LOAD_READ_BYTES: the size of each read a load makes into device memory (pread).
+StatusOr<int64_t> LoadReadBytes();
+// FERRY_LOAD_READ_THREADS: a load's reads in flight (pread threads, threads faulting in its next
+// window); nullopt: one per core.
 StatusOr<std::optional<int>> LoadReadThreads();
 // FERRY_LOAD_WINDOW_BYTES: bytes of a file a load puts at a time; 0: the whole file at once.
 StatusOr<int64_t> LoadWindowBytes();

@@ -57,6 +57,8 @@ struct FileLoadOptions {
   int64_t window_bytes = int64_t{256} << 20;
   // Reads in flight: pread threads, and threads faulting in the next window.
   int read_threads = 1;
+  // The size of each pread into device memory.
+  int64_t read_bytes = int64_t{8} << 20;
   // Called on the calling thread once each tensor is on its device(s), with the bytes loaded so
   // far (for a progress bar).
   std::function<void(int64_t)> progress;
@@ -66,7 +68,7 @@ struct FileLoadOptions {
 };
 
 // The options the settings give (FERRY_LOAD_WINDOW_BYTES, FERRY_LOAD_READ_THREADS: one per core
-// by default); InvalidArgument naming a bad value.
+// by default, FERRY_LOAD_READ_BYTES); InvalidArgument naming a bad value.
 StatusOr<FileLoadOptions> FileLoadOptionsFromSettings();
 
 // Loads every tensor, in order (the files' data order keeps each window one stretch of a file),

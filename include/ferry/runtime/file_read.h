@@ -62,13 +62,14 @@ bool DeviceMemoryIsHostWritable(Device& device);
 // tensor of at least kMinFileReadBytes stored uncompressed, dense, in native byte order
 // (TensorFileEntry::file_offset, its view), whose device dtype (chosen as TransferToDevice
 // chooses it) is the stored one, on a device whose buffers are host-writable, in the device's
-// default memory space. The reads are pieces of at most 8 MiB spread over `read_threads` threads
+// default memory space. The reads are pieces of at most `read_bytes` spread over `read_threads` threads
 // (the calling one among them; at least one); the call returns when every read is done, the
 // handles ready. All or nothing: on the first error (a failed or short read: DataLoss for a file
 // truncated since it was opened; the device out of memory), every handle made is released and
 // the error names the tensor and the file.
 // Threads: any; blocks the calling thread for the reads.
 StatusOr<std::vector<DataPtr>> ReadFileTensors(absl::Span<const FileTensorRead> tensors,
-                                               Device* device, int read_threads);
+                                               Device* device, int read_threads,
+                                               int64_t read_bytes = int64_t{8} << 20);
 
 }  // namespace ferry
