@@ -825,7 +825,8 @@ struct BenchOptions {
   bool RunsFreshLoads() const {
     return fresh_loads || (peers && case_names.empty() && !no_fresh_loads);
   }
-  // bench/torch_xla_peers.py runs with --peers on a whole run, or when --torch-xla names its Python.
+  // bench/torch_xla_peers.py runs with --peers on a whole run, or when --torch-xla names its
+  // Python.
   bool RunsTorchXla() const { return peers && (case_names.empty() || !torch_xla_python.empty()); }
   // torch_xla's interpreter (scripts/xla_env.sh's venv): with --peers, bench/torch_xla_peers.py
   // runs with it; empty: the default venv's, when it exists.
@@ -1078,8 +1079,9 @@ Json RunPythonSection(const std::string& python, const std::string& script,
   std::fflush(stdout);
   StatusOr<Json> results = RunPythonScript(python, script, arguments);
   if (!results.ok()) {
-    fmt::print(stderr, "{}", Wrapped(fmt::format("ferry-bench: {} failed: {}", script,
-                                                 std::string(results.status().message()))));
+    fmt::print(stderr, "{}",
+               Wrapped(fmt::format("ferry-bench: {} failed: {}", script,
+                                   std::string(results.status().message()))));
     ++rows.failures;
     return Json();
   }
@@ -1092,8 +1094,8 @@ void RunFreshLoads(const std::string& python, CaseRows& rows) {
   fmt::print("\n{}", Wrapped("fresh-process loads (bench/fresh_loads.py): each load a new "
                              "process, loaders interleaved; the table follows on stderr"));
   const std::string ferry = (std::filesystem::path(python).parent_path() / "ferry").string();
-  rows.fresh_loads = RunPythonSection(python, "fresh_loads.py",
-                                      fmt::format("--json - --ferry '{}'", ferry), rows);
+  rows.fresh_loads =
+      RunPythonSection(python, "fresh_loads.py", fmt::format("--json - --ferry '{}'", ferry), rows);
 }
 
 // bench/torch_xla_peers.py (its table to the terminal, its results into rows.torch_xla), with

@@ -34,8 +34,8 @@ Status BufferWriter::Written(int64_t offset_bytes, int64_t size_bytes) {
   void* base = HostWritableBytes();
   if (base == nullptr) {
     return FailedPreconditionError(fmt::format(
-        "tensor '{}' on {}: its buffer is not host memory this process can write; use Write",
-        name_, memory_kind_));
+        "tensor '{}' on {}: its buffer is not host memory this process can write; use Write", name_,
+        memory_kind_));
   }
   if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, base); !status.ok()) {
     return InvalidArgumentError(
@@ -45,8 +45,8 @@ Status BufferWriter::Written(int64_t offset_bytes, int64_t size_bytes) {
   return recorded.Await();
 }
 
-Future<> BufferWriter::RecordAndWrite(std::string_view what, int64_t offset_bytes,
-                                      const void* data, int64_t size_bytes) {
+Future<> BufferWriter::RecordAndWrite(std::string_view what, int64_t offset_bytes, const void* data,
+                                      int64_t size_bytes) {
   // A write after the end is refused without the fill lock: a continuation on Ready() runs while
   // the write that completed the buffer still holds it.
   if (Status ended = EndedError(); !ended.ok()) return Future<>::Ready(ended);

@@ -268,9 +268,8 @@ MappedFile::~MappedFile() {
 
 Status MappedFile::ReadAt(int64_t offset, int64_t size, void* dst) const {
   if (fd_ < 0) {
-    return FailedPreconditionError(
-        fmt::format("'{}' is bytes in memory, not a file: it cannot be read with pread",
-                    display_name_));
+    return FailedPreconditionError(fmt::format(
+        "'{}' is bytes in memory, not a file: it cannot be read with pread", display_name_));
   }
   auto* out = static_cast<std::byte*>(dst);
   int64_t done = 0;

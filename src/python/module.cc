@@ -1203,9 +1203,9 @@ NB_MODULE(_ferry, m) {
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
         nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
-  m.def("_load_file_onto", &LoadFileOnto, nb::arg("path"), nb::arg("names"),
-        nb::arg("patterns"), nb::arg("exclude"), nb::arg("device"),
-        nb::arg("device_dtype").none(), nb::arg("device_dtype_all"));
+  m.def("_load_file_onto", &LoadFileOnto, nb::arg("path"), nb::arg("names"), nb::arg("patterns"),
+        nb::arg("exclude"), nb::arg("device"), nb::arg("device_dtype").none(),
+        nb::arg("device_dtype_all"));
   m.def("get", &Get, nb::arg("arrays"));
   m.def("read_into", &ReadInto, nb::arg("arrays"), nb::arg("out"), nb::arg("leaves"),
         nb::arg("overrides"), nb::arg("what"));

@@ -15,8 +15,7 @@ namespace ferry::python {
 // when they are empty), without the GIL; raises the ferry error (a message that is not UTF-8
 // escaped) on failure, or NotFound for a name or pattern that matched nothing.
 TensorFile OpenSelectedTensors(const std::string& path, std::vector<std::string> names,
-                               std::vector<std::string> patterns,
-                               std::vector<std::string> exclude);
+                               std::vector<std::string> patterns, std::vector<std::string> exclude);
 
 // Adds `_load_file` and `_save_file` to the module.
 void AddTensorFileFunctions(nanobind::module_& module);

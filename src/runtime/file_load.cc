@@ -30,8 +30,7 @@ int64_t BytesOf(const FileLoadTensor& tensor) {
 // The load's state: the tensors, their results, and which are read in place.
 class FileLoad {
  public:
-  FileLoad(absl::Span<const FileLoadTensor> tensors, Device* device,
-           const FileLoadOptions& options)
+  FileLoad(absl::Span<const FileLoadTensor> tensors, Device* device, const FileLoadOptions& options)
       : tensors_(tensors), device_(device), options_(options), results_(tensors.size()) {}
 
   StatusOr<std::vector<FileLoadResult>> Run() {
@@ -127,9 +126,9 @@ class FileLoad {
       reads.push_back(ReadOf(i));
     }
     if (chosen.empty()) return OkStatus();
-    FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> read,
-                           ReadFileTensors(reads, device_, options_.read_threads,
-                                           options_.read_bytes));
+    FERRY_ASSIGN_OR_RETURN(
+        std::vector<DataPtr> read,
+        ReadFileTensors(reads, device_, options_.read_threads, options_.read_bytes));
     for (size_t k = 0; k < chosen.size(); ++k) {
       // A tensor the reader did not take after all is put from the mapping (StartPuts); its
       // pages, not faulted in ahead, come in as the put reads them.

@@ -50,8 +50,9 @@ Status ReadPieces(absl::Span<const InPlaceTensor> tensors, absl::Span<const Read
       if (!read.ok()) {
         MutexLock lock(error_mutex);
         if (first_error.ok()) {
-          first_error = Status(read.code(), fmt::format("tensor '{}': {}", tensor.read->source->name(),
-                                                        std::string(read.message())));
+          first_error =
+              Status(read.code(), fmt::format("tensor '{}': {}", tensor.read->source->name(),
+                                              std::string(read.message())));
         }
         failed.store(true);
         return;
@@ -100,8 +101,8 @@ bool FileReadApplies(const FileTensorRead& read, const Device& device) {
   }
   // A dtype the device cannot hold, or another than the stored one, is the mapped path's (which
   // converts, or says why it cannot).
-  StatusOr<DType> device_dtype =
-      ChooseDeviceDType(view.dtype, read.requested_dtype, device.capabilities(), read.source->name());
+  StatusOr<DType> device_dtype = ChooseDeviceDType(view.dtype, read.requested_dtype,
+                                                   device.capabilities(), read.source->name());
   return device_dtype.ok() && *device_dtype == view.dtype;
 }
 

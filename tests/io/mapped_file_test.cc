@@ -151,9 +151,8 @@ TEST(MappedFileTest, ReadAtReadsTheFileWithoutTouchingTheMapping) {
   EXPECT_TRUE(std::equal(read.begin(), read.begin() + 8 * page, contents.begin()));
   std::remove(moved.c_str());
 
-  auto bytes = MappedFile::FromBytes(absl::MakeConstSpan(
-                                         reinterpret_cast<const std::byte*>(contents.data()), 64),
-                                     "in-memory");
+  auto bytes = MappedFile::FromBytes(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(contents.data()), 64), "in-memory");
   ASSERT_TRUE(bytes.ok());
   EXPECT_EQ((*bytes)->ReadAt(0, 8, read.data()).code(), absl::StatusCode::kFailedPrecondition);
 }

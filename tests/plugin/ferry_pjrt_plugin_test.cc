@@ -158,14 +158,13 @@ TEST_F(FerryPjrtPluginTest,
               Wrapped()->major_version, Wrapped()->minor_version, wrapped().struct_size);
   ASSERT_EQ(ferry().struct_size, wrapped().struct_size);
   EXPECT_EQ(ferry().pjrt_api_version.minor_version, wrapped().pjrt_api_version.minor_version);
-  const std::vector<size_t> replaced = {offsetof(PJRT_Api, PJRT_Error_Destroy),
-                                        offsetof(PJRT_Api, PJRT_Error_Message),
-                                        offsetof(PJRT_Api, PJRT_Error_GetCode),
-                                        offsetof(PJRT_Api, PJRT_Plugin_Initialize),
-                                        offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
-                                        offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
-                                        // The version bridge (version_bridge.h).
-                                        offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
+  const std::vector<size_t> replaced = {
+      offsetof(PJRT_Api, PJRT_Error_Destroy), offsetof(PJRT_Api, PJRT_Error_Message),
+      offsetof(PJRT_Api, PJRT_Error_GetCode), offsetof(PJRT_Api, PJRT_Plugin_Initialize),
+      offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
+      offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
+      // The version bridge (version_bridge.h).
+      offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
   int same = 0;
   for (size_t offset = offsetof(PJRT_Api, PJRT_Error_Destroy);
        offset + sizeof(void*) <= wrapped().struct_size; offset += sizeof(void*)) {

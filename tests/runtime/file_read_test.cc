@@ -101,9 +101,9 @@ TEST_F(FileReadTest, AConversionOrAnUnmappedSourceIsLeftToTheCaller) {
   EXPECT_NE((*read)[1], nullptr);
 
   // Memory of no file (OfMemory finds no mapping): not read in place.
-  auto source = TensorSource::Borrow(HostView::Dense(big_.data(), DType::kF32, {128, 256}),
-                                     big_.data(), static_cast<int64_t>(big_.size() * 4), nullptr,
-                                     "heap");
+  auto source =
+      TensorSource::Borrow(HostView::Dense(big_.data(), DType::kF32, {128, 256}), big_.data(),
+                           static_cast<int64_t>(big_.size() * 4), nullptr, "heap");
   ASSERT_TRUE(source.ok()) << source.status();
   const FileTensorRead heap = FileTensorRead::OfMemory(source->get(), std::nullopt);
   EXPECT_EQ(heap.file, nullptr);

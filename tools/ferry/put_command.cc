@@ -260,11 +260,11 @@ void DescribeTransfers(std::vector<PutTensor>& tensors) {
       if (dtypes.size() > 1) tensor.mixed_dtypes = fmt::format("{}", fmt::join(dtypes, "/"));
     }
     const HostView& view = tensor.entry.source->view();
-    const std::string kind = tensor.read_in_place          ? "read"
-                             : first->buffer().is_alias()  ? "aliased"
-                             : tensor.converted()        ? "converted"
-                             : !view.IsNativeByteOrder() ? "byte-swapped"
-                                                         : "direct";
+    const std::string kind = tensor.read_in_place         ? "read"
+                             : first->buffer().is_alias() ? "aliased"
+                             : tensor.converted()         ? "converted"
+                             : !view.IsNativeByteOrder()  ? "byte-swapped"
+                                                          : "direct";
     tensor.path = kind;
   }
 }

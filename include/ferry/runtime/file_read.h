@@ -62,8 +62,8 @@ bool DeviceMemoryIsHostWritable(Device& device);
 // tensor of at least kMinFileReadBytes stored uncompressed, dense, in native byte order
 // (TensorFileEntry::file_offset, its view), whose device dtype (chosen as TransferToDevice
 // chooses it) is the stored one, on a device whose buffers are host-writable, in the device's
-// default memory space. The reads are pieces of at most `read_bytes` spread over `read_threads` threads
-// (the calling one among them; at least one); the call returns when every read is done, the
+// default memory space. The reads are pieces of at most `read_bytes` spread over `read_threads`
+// threads (the calling one among them; at least one); the call returns when every read is done, the
 // handles ready. All or nothing: on the first error (a failed or short read: DataLoss for a file
 // truncated since it was opened; the device out of memory), every handle made is released and
 // the error names the tensor and the file.
