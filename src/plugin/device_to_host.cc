@@ -6,8 +6,8 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_view.h"
 #include "fmt/format.h"
-#include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/device/transfer_engine.h"
 #include "src/plugin/plugin_errors.h"
 #include "src/plugin/plugin_types.h"
 #include "src/plugin/wrapped_plugin.h"
@@ -144,10 +144,10 @@ PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
     StatusOr<CopyConvertPlan> plan =
         CopyConvertPlan::Create(src, MutableHostView::Dense(args->dst, source.dtype, source.dims));
     StatusOr<Future<>> copied =
-        plan.ok() ? host::WriteThroughEngine(plugin.engine(), *std::move(plan),
-                                             HostBufferSemantics::kImmutableOnlyDuringCall, nullptr,
-                                             nullptr)
-                  : StatusOr<Future<>>(plan.status());
+        plan.ok()
+            ? WriteThroughEngine(plugin.engine(), *std::move(plan),
+                                 HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, nullptr)
+            : StatusOr<Future<>>(plan.status());
     Status status = copied.ok() ? copied->Await() : copied.status();
     if (!status.ok()) {
       pjrt::DestroyEvent(api, ready);

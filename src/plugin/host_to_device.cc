@@ -11,8 +11,9 @@
 #include "ferry/core/host_view.h"
 #include "fmt/format.h"
 #include "src/core/tsan_hand_off.h"
-#include "src/device/host/host_buffer.h"
+#include "src/device/device_allocation.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/device/transfer_engine.h"
 #include "src/plugin/plugin_errors.h"
 #include "src/plugin/plugin_types.h"
 #include "src/plugin/wrapped_plugin.h"
@@ -109,7 +110,7 @@ std::optional<PJRT_Memory*> DefaultTargetMemory(const WrappedPlugin& plugin,
 }
 
 struct ViewDeleteContext {
-  std::shared_ptr<host::DeviceAllocation> allocation;
+  std::shared_ptr<DeviceAllocation> allocation;
 };
 
 void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
@@ -128,18 +129,18 @@ Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args
   const HostView src(args.data, dtype, dims, std::move(strides));
   FERRY_RETURN_IF_ERROR(src.ComputeAddressedBytes(kWhat).status());
   const int64_t size_bytes = src.dense_size_bytes();
-  FERRY_ASSIGN_OR_RETURN(auto allocation,
-                         host::DeviceAllocation::Create(plugin.memory(), size_bytes, kWhat,
-                                                        "the ferry plugin's device"));
+  FERRY_ASSIGN_OR_RETURN(
+      auto allocation,
+      DeviceAllocation::Create(plugin.memory(), size_bytes, kWhat, "the ferry plugin's device"));
   if (size_bytes > 0) {
     FERRY_ASSIGN_OR_RETURN(
         CopyConvertPlan plan,
         CopyConvertPlan::Create(src,
                                 MutableHostView::Dense(allocation->mutable_data(), dtype, dims)));
-    FERRY_ASSIGN_OR_RETURN(Future<> written,
-                           host::WriteThroughEngine(plugin.engine(), std::move(plan),
-                                                    HostBufferSemantics::kImmutableOnlyDuringCall,
-                                                    nullptr, allocation));
+    FERRY_ASSIGN_OR_RETURN(
+        Future<> written,
+        WriteThroughEngine(plugin.engine(), std::move(plan),
+                           HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, allocation));
     FERRY_RETURN_IF_ERROR(written.Await());
   }
   auto view = FERRY_PJRT_ARGS(PJRT_Client_CreateViewOfDeviceBuffer_Args);

@@ -112,7 +112,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
   FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
   plugin->table_ = table;
-  plugin->engine_ = std::make_unique<host::TransferEngine>(
+  plugin->engine_ = std::make_unique<TransferEngine>(
       std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   plugin->memory_ = std::make_shared<MemoryAccount>(std::nullopt);
   return plugin;

@@ -26,8 +26,8 @@
 #include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
 #include "ferry/device/memory_account.h"
-#include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_library.h"
+#include "src/device/transfer_engine.h"
 
 namespace ferry::plugin {
 
@@ -60,7 +60,7 @@ class WrappedPlugin {
   const PJRT_Api* table() const { return table_; }
 
   // The workers that run ferry's copies (one per core).
-  host::TransferEngine& engine() { return *engine_; }
+  TransferEngine& engine() { return *engine_; }
   // The account of the device memory ferry allocates for plugin buffers (no limit: the plugin's
   // own memory has none either).
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
@@ -76,7 +76,7 @@ class WrappedPlugin {
 
   const pjrt::PjrtLibrary* library_ = nullptr;
   PJRT_Api* table_ = nullptr;
-  std::unique_ptr<host::TransferEngine> engine_;
+  std::unique_ptr<TransferEngine> engine_;
   std::shared_ptr<MemoryAccount> memory_;
   Mutex mutex_;
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends

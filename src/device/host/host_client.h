@@ -10,7 +10,7 @@
 #include "ferry/device/client.h"
 #include "ferry/device/registry.h"
 #include "src/device/host/host_buffer.h"
-#include "src/device/host/transfer_engine.h"
+#include "src/device/transfer_engine.h"
 
 namespace ferry::host {
 

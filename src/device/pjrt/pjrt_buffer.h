@@ -9,8 +9,9 @@
 #include "ferry/core/future.h"
 #include "ferry/device/buffer.h"
 #include "ferry/device/memory_account.h"
-#include "src/device/host/host_buffer.h"
+#include "src/device/device_allocation.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/device/transfer_engine.h"
 
 namespace ferry::pjrt {
 

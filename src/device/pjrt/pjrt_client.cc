@@ -233,7 +233,7 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
 PjrtClient::PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers)
     : runtime_(std::move(runtime)),
       staging_(std::make_unique<StagingRing>("the pjrt client", StagingChunkAllocator::Host())),
-      engine_(std::make_shared<host::TransferEngine>(num_workers)) {}
+      engine_(std::make_shared<TransferEngine>(num_workers)) {}
 
 PjrtClient::~PjrtClient() {
   runtime_->lifetime()->Close();
@@ -553,7 +553,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
 namespace {
 
 struct ViewDeleteContext {
-  std::shared_ptr<host::DeviceAllocation> allocation;
+  std::shared_ptr<DeviceAllocation> allocation;
 };
 
 void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
@@ -570,9 +570,8 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
                                                         std::string_view tensor_name) {
   const PJRT_Api& api = runtime_->api();
   const int64_t device_bytes = src.num_elements() * DTypeSize(device_dtype);
-  FERRY_ASSIGN_OR_RETURN(
-      auto allocation,
-      host::DeviceAllocation::Create(device->memory(), device_bytes, tensor_name, device->name()));
+  FERRY_ASSIGN_OR_RETURN(auto allocation, DeviceAllocation::Create(device->memory(), device_bytes,
+                                                                   tensor_name, device->name()));
   FERRY_ASSIGN_OR_RETURN(
       CopyConvertPlan plan,
       CopyConvertPlan::Create(
@@ -614,9 +613,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
         ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
     hold = std::make_shared<ClientLifetime::Token>(std::move(token));
   }
-  FERRY_ASSIGN_OR_RETURN(parts.ready,
-                         host::WriteThroughEngine(*engine_, std::move(plan), semantics,
-                                                  std::move(on_done), allocation, std::move(hold)));
+  FERRY_ASSIGN_OR_RETURN(
+      parts.ready, WriteThroughEngine(*engine_, std::move(plan), semantics, std::move(on_done),
+                                      allocation, std::move(hold)));
   return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
 }
 

@@ -38,9 +38,9 @@
 #include "ferry/device/client.h"
 #include "ferry/device/memory_account.h"
 #include "ferry/device/registry.h"
-#include "src/device/host/transfer_engine.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/device/staging_ring.h"
+#include "src/device/transfer_engine.h"
 
 namespace ferry::pjrt {
 
@@ -151,7 +151,7 @@ class PjrtClient final : public Client {
   const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }
   // The client's staging ring (host chunks; src/device/staging_ring.h) and its worker.
   StagingRing& staging() { return *staging_; }
-  const std::shared_ptr<host::TransferEngine>& engine() const { return engine_; }
+  const std::shared_ptr<TransferEngine>& engine() const { return engine_; }
   // Runs `job` on the staging ring's worker (work that may wait for staging chunks or for a
   // plugin event, and so must not run on a plugin thread). FailedPrecondition once the client is
   // shutting down.
@@ -190,7 +190,7 @@ class PjrtClient final : public Client {
   std::vector<std::unique_ptr<PjrtDevice>> devices_;
   std::vector<Device*> device_pointers_;
   std::unique_ptr<StagingRing> staging_;
-  std::shared_ptr<host::TransferEngine> engine_;
+  std::shared_ptr<TransferEngine> engine_;
 };
 
 }  // namespace ferry::pjrt

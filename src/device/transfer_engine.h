@@ -1,4 +1,5 @@
-// TransferEngine: the host backend's asynchronous copy machinery.
+// TransferEngine: the device layer's CPU copy engine, shared by the backends whose memory the host
+// addresses (host, the pjrt backend's direct path, ferry's PJRT plugin).
 //
 // A fixed pool of worker threads runs copy jobs (a CopyConvertPlan) in chunks of at most
 // `chunk_bytes` of destination. Jobs run in FIFO order; the chunks of one job are spread over all
@@ -26,7 +27,7 @@
 #include "ferry/core/status.h"
 #include "ferry/device/device.h"
 
-namespace ferry::host {
+namespace ferry {
 
 class TransferEngine {
  public:
@@ -97,4 +98,4 @@ StatusOr<Future<>> WriteThroughEngine(TransferEngine& engine, CopyConvertPlan pl
                                       std::shared_ptr<const void> device_memory,
                                       std::shared_ptr<void> hold_until_ready = nullptr);
 
-}  // namespace ferry::host
+}  // namespace ferry

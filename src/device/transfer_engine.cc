@@ -1,8 +1,8 @@
-#include "src/device/host/transfer_engine.h"
+#include "src/device/transfer_engine.h"
 
 #include <algorithm>
 
-namespace ferry::host {
+namespace ferry {
 
 TransferEngine::TransferEngine(int num_workers, int64_t chunk_bytes)
     : chunk_bytes_(std::max<int64_t>(chunk_bytes, 4096)) {
@@ -134,4 +134,4 @@ StatusOr<Future<>> WriteThroughEngine(TransferEngine& engine, CopyConvertPlan pl
   return ready.future();
 }
 
-}  // namespace ferry::host
+}  // namespace ferry
