@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -226,6 +228,49 @@ TEST(FutureTest, join_reports_an_invalid_future_instead_of_hanging) {
   Future<> joined = JoinFutures(futures);
   ASSERT_TRUE(joined.IsReady());
   EXPECT_EQ(joined.Await().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FutureTest, a_promise_dropped_unset_completes_its_future_as_aborted) {
+  Future<int> future;
+  std::optional<Promise<int>> copy;
+  {
+    Promise<int> promise;
+    future = promise.future();
+    copy.emplace(promise);  // a copy of the same promise
+  }
+  EXPECT_FALSE(future.IsReady()) << "a copy still holds the promise";
+  std::optional<Status> seen;
+  future.OnReady([&](const StatusOr<int>& value) { seen = value.status(); });
+  copy.reset();  // the last copy goes, unset
+  ASSERT_TRUE(future.IsReady());
+  EXPECT_EQ(future.Await().status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(seen.has_value());
+  EXPECT_EQ(seen->code(), absl::StatusCode::kAborted);
+
+  // A promise that was set keeps its value when it goes.
+  Future<> done;
+  {
+    Promise<> promise;
+    done = promise.future();
+    promise.Set(OkStatus());
+  }
+  EXPECT_TRUE(done.Await().ok());
+}
+
+TEST(FutureTest, await_for_returns_null_on_timeout_then_the_value) {
+  Promise<int> promise;
+  Future<int> future = promise.future();
+  EXPECT_EQ(future.AwaitFor(std::chrono::milliseconds(20)), nullptr) << "nothing set it";
+  std::thread setter([promise] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    promise.Set(7);
+  });
+  const StatusOr<int>* value = future.AwaitFor(std::chrono::seconds(30));
+  setter.join();
+  ASSERT_NE(value, nullptr);
+  ASSERT_TRUE(value->ok());
+  EXPECT_EQ(**value, 7);
+  EXPECT_EQ(future.AwaitFor(std::chrono::nanoseconds(0)), value) << "ready: at once";
 }
 
 }  // namespace

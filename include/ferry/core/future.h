@@ -1,17 +1,21 @@
 // Future<T> / Promise<T>: a one-shot value (or error Status) produced on one thread and consumed
 // on others, in the manner of PJRT's futures.
 //
-// - A Promise is set once; later Sets are ignored (the first value stands).
+// - A Promise is set once; later Sets are ignored (the first value stands). When the last copy of
+//   a Promise goes without having been set, its future completes with Aborted ("dropped before it
+//   was set") instead of never: a producer that fails without saying so cannot hang its consumers.
 // - `Future::OnReady(cb)` runs `cb` exactly once: inline on the calling thread if the future is
 //   already ready, otherwise on the thread that sets the promise, after the value is stored.
 //   Callbacks must not block for long: they run on runtime threads.
-// - `Await()` blocks the calling thread until ready. Never call it while holding a lock that the
-//   producer needs (or the Python GIL: the Python layer releases it first).
+// - `Await()` blocks the calling thread until ready; `AwaitFor(timeout)` at most `timeout`. Never
+//   call them while holding a lock that the producer needs (or the Python GIL: the Python layer
+//   releases it first).
 // Futures are cheap shared handles; all members are thread-safe. A ready future is read without
 // taking its lock, and Future<>::Ready(OkStatus()) allocates nothing (one shared ready state).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -66,6 +70,19 @@ class FutureState {
     return *value_;
   }
 
+  // The value once ready within `timeout`, else null.
+  const Value* AwaitFor(std::chrono::nanoseconds timeout) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (IsReady()) return &*value_;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    MutexLock lock(mutex_);
+    while (!value_.has_value()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return nullptr;
+      lock.WaitFor(ready_, deadline - now);
+    }
+    return &*value_;
+  }
+
   void OnReady(Callback callback) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     if (!IsReady()) {
       MutexLock lock(mutex_);
@@ -95,14 +112,30 @@ class Promise {
  public:
   using Value = internal::FutureValue<T>;
 
-  Promise() : state_(std::make_shared<internal::FutureState<T>>()) {}
+  Promise()
+      : state_(std::make_shared<internal::FutureState<T>>()),
+        unset_guard_(std::make_shared<UnsetGuard>(state_)) {}
 
   // Completes the future; runs its waiting callbacks on this thread.
   void Set(Value value) const { state_->Set(std::move(value)); }
   Future<T> future() const { return Future<T>(state_); }
 
  private:
+  // Shared by the copies of one Promise (not by its futures): the last copy to go completes a
+  // future still unset with Aborted, on the thread that drops it.
+  struct UnsetGuard {
+    explicit UnsetGuard(std::shared_ptr<internal::FutureState<T>> state)
+        : state(std::move(state)) {}
+    ~UnsetGuard() {
+      if (!state->IsReady()) {
+        state->Set(Value(AbortedError("the promise was dropped before it was set")));
+      }
+    }
+    std::shared_ptr<internal::FutureState<T>> state;
+  };
+
   std::shared_ptr<internal::FutureState<T>> state_;
+  std::shared_ptr<UnsetGuard> unset_guard_;
 };
 
 template <typename T>
@@ -135,6 +168,11 @@ class Future {
   bool IsReady() const { return state_->IsReady(); }
   // Blocks until ready. The reference stays valid while any copy of this future lives.
   const Value& Await() const { return state_->Await(); }
+  // The value if it is ready within `timeout` (valid while any copy of this future lives), else
+  // null: the future is still pending.
+  const Value* AwaitFor(std::chrono::nanoseconds timeout) const {
+    return state_->AwaitFor(timeout);
+  }
   // `callback(value)` runs exactly once; see the file comment for the thread.
   void OnReady(absl::AnyInvocable<void(const Value&) &&> callback) const {
     state_->OnReady(std::move(callback));
