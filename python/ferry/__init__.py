@@ -211,7 +211,7 @@ class _DtypeTable(Mapping):
 
     def __init__(self) -> None:
         self._dtypes = {name: np.dtype(name) for name in self._BUILTIN}
-        self._builtin_set = set(self._dtypes.values())
+        self.builtin = frozenset(self._dtypes.values())  # numpy's own dtypes, native order
         self._names = self._BUILTIN + tuple(self._ML_DTYPE_CARRIERS)
         self._viewed_as_uint: dict[np.dtype, tuple[str, type]] | None = None
 
@@ -247,7 +247,7 @@ class _DtypeTable(Mapping):
     def has(self, dtype: np.dtype) -> bool:
         """Whether ferry has this numpy dtype (in either byte order)."""
         dtype = dtype.newbyteorder("=")
-        return dtype in self._builtin_set or self.viewed_as_uint(dtype) is not None
+        return dtype in self.builtin or self.viewed_as_uint(dtype) is not None
 
     def name_of(self, dtype: np.dtype) -> str | None:
         if dtype.num >= _NPY_USERDEF:
@@ -803,6 +803,12 @@ def device_put(
     device's default); a put into a non-default space reads `x` before it returns, whatever the
     semantics.
     """
+    # The common call, one numpy array of a builtin dtype onto a device in its own dtype and
+    # memory, goes straight to the put: no pytree, dtype or device-to-device work to do.
+    if (type(x) is np.ndarray and device_dtype is None and memory_kind is None
+            and (device is None or type(device) is Device) and semantics in _SEMANTICS
+            and x.dtype in _NUMPY_DTYPES.builtin):
+        return _ferry.put_one(x, device, semantics)
     return _device_put(x, device, device_dtype, semantics, memory_kind)
 
 

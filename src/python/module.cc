@@ -679,6 +679,15 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
   return arrays;
 }
 
+// device_put's common call, without the batch's lists: one object, stored as the device's profile
+// decides, in the device's default memory; the same checks, errors and semantics as PutEach.
+Array PutOne(nb::object object, Device* device, const std::string& semantics_name) {
+  std::vector<nb::object> objects;
+  objects.push_back(std::move(object));
+  std::vector<Array> arrays = PutEach(objects, {}, device, {std::nullopt}, semantics_name);
+  return std::move(arrays.front());
+}
+
 // load_file(path, device): the tensors `names`, `patterns` and `exclude` select, loaded onto
 // `device` (LoadFileTensors: window by window; on host:N those stored as they are kept read from
 // the file straight into device memory, the others put from the mapping) as [(name, Array)] in
@@ -1203,6 +1212,7 @@ NB_MODULE(_ferry, m) {
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
         nb::arg("device").none(), nb::arg("device_dtypes"), nb::arg("semantics"),
         nb::arg("memory_kind").none() = nb::none(), nb::arg("tensor_names").none() = nb::none());
+  m.def("put_one", &PutOne, nb::arg("object"), nb::arg("device").none(), nb::arg("semantics"));
   m.def("_load_file_onto", &LoadFileOnto, nb::arg("path"), nb::arg("names"), nb::arg("patterns"),
         nb::arg("exclude"), nb::arg("device"), nb::arg("device_dtype").none(),
         nb::arg("device_dtype_all"));
