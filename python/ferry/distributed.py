@@ -59,7 +59,7 @@ def engine() -> str:
 def agreed(step: str) -> Iterator[None]:
     """Runs the block on every process, then agrees on its outcome: if it raised on any process,
     every process raises the same ferry error naming the first failing rank and the cause."""
-    from . import Error, _ERROR_CODES
+    from ._errors import _ERROR_CODES, Error
 
     code, message = None, ""
     try:

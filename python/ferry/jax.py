@@ -152,7 +152,8 @@ def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any) -> dic
     views keep alive). One file: ferry's own selection (only the chosen tensors are read). Several:
     a name or pattern need only be in one of them, so each file is opened whole (mapped: nothing
     is read but a compressed .npz member) and the same rules are applied across all."""
-    from . import NotFoundError, _string_list, open_file
+    from . import NotFoundError, open_file
+    from ._files import _string_list
 
     if len(paths) == 1:
         return dict(open_file(paths[0], names=names, pattern=pattern, exclude=exclude))
@@ -220,8 +221,8 @@ def load_file(
     """
     import jax
 
-    from . import (_NUMPY_DTYPES, _device_dtype_for, _dtype_name, _prefetched_windows,
-                   _release_file_pages)
+    from ._dtypes import _NUMPY_DTYPES, _device_dtype_for, _dtype_name
+    from ._files import _prefetched_windows, _release_file_pages
     from . import device_put as ferry_device_put
 
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)

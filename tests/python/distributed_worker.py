@@ -21,7 +21,7 @@ DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
 
 
 def random_array(rng, shape, dtype_name):
-    dtype = ferry._NUMPY_DTYPES[dtype_name]
+    dtype = ferry._dtypes._NUMPY_DTYPES[dtype_name]
     if dtype_name == "bool":
         return rng.integers(0, 2, size=shape).astype(bool)
     raw = rng.integers(0, 256, size=int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)

@@ -85,5 +85,5 @@ def test_set_setting_warns_when_the_backend_has_read_it_already():
 def test_every_setting_read_at_backend_start_is_known_to_set_setting():
     for name, row in ferry.settings().items():
         if row["scope"] == "client":
-            assert name in ferry._SETTINGS_READ_AT_BACKEND_START, name
-    assert set(ferry._SETTINGS_READ_AT_BACKEND_START) <= set(ferry.settings())
+            assert name in ferry._settings._SETTINGS_READ_AT_BACKEND_START, name
+    assert set(ferry._settings._SETTINGS_READ_AT_BACKEND_START) <= set(ferry.settings())

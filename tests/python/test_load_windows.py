@@ -1,5 +1,5 @@
 """load_file puts a file window by window and gives each window's mapped pages back once put
-(FERRY_LOAD_WINDOW_BYTES, ferry._release_file_pages), so that a load does not hold the file and
+(FERRY_LOAD_WINDOW_BYTES, ferry._files._release_file_pages), so that a load does not hold the file and
 the device copy at once (docs/performance.md)."""
 
 import numpy as np
@@ -36,7 +36,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     assert float(view.sum(dtype=np.float64)) == float(data.sum(dtype=np.float64))  # all resident
     before = _resident_bytes_at(address)
     assert before >= 15 << 20
-    ferry._release_file_pages(ferry._contiguous_ranges([view]))
+    ferry._files._release_file_pages(ferry._files._contiguous_ranges([view]))
     after = _resident_bytes_at(address)
     assert after <= before - (15 << 20), (before, after)
     # A window faulted in ahead (from 2 threads, without the GIL) is resident again.
@@ -44,7 +44,7 @@ def test_released_pages_leave_the_process_and_read_the_same(tmp_path):
     assert _resident_bytes_at(address) >= 15 << 20
     np.testing.assert_array_equal(view, data)  # faulted in again, the same bytes
     # Memory that is not a mapped file's is left alone.
-    ferry._release_file_pages(ferry._contiguous_ranges([data]))
+    ferry._files._release_file_pages(ferry._files._contiguous_ranges([data]))
     assert data[-1] == (4 << 20) - 1
 
 
@@ -58,11 +58,11 @@ def test_a_load_over_many_windows_is_exact(tmp_path, request, device):
     safetensors_numpy.save_file(tensors, path)
     ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 20_000)  # about two float tensors a window
     request.addfinalizer(lambda: ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", None))
-    windows = list(ferry._load_windows(list(ferry.open_file(path)), ferry.open_file(path)))
+    windows = list(ferry._files._load_windows(list(ferry.open_file(path)), ferry.open_file(path)))
     assert len(windows) >= 5
     assert any({n[0] for n in window} == {"f", "i"} for window in windows)  # two dtype groups
     narrow = "float16" if "float16" in device.dtypes else "bfloat16"  # PoCL has no half
-    narrow_type = ferry._NUMPY_DTYPES[narrow]
+    narrow_type = ferry._dtypes._NUMPY_DTYPES[narrow]
     loaded = ferry.load_file(path, device, device_dtype=narrow)
     assert list(loaded) == list(ferry.open_file(path))
     for name, value in tensors.items():
@@ -76,10 +76,10 @@ def test_a_load_over_many_windows_is_exact(tmp_path, request, device):
 def test_the_window_setting(tmp_path, request):
     request.addfinalizer(lambda: ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", None))
     arrays = {f"t{i}": np.zeros(1000, np.uint8) for i in range(10)}
-    assert len(list(ferry._load_windows(list(arrays), arrays))) == 1  # 256 MiB by default
+    assert len(list(ferry._files._load_windows(list(arrays), arrays))) == 1  # 256 MiB by default
     ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 2500)
-    assert [len(w) for w in ferry._load_windows(list(arrays), arrays)] == [2, 2, 2, 2, 2]
+    assert [len(w) for w in ferry._files._load_windows(list(arrays), arrays)] == [2, 2, 2, 2, 2]
     ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 0)  # the whole file at once
-    assert len(list(ferry._load_windows(list(arrays), arrays))) == 1
+    assert len(list(ferry._files._load_windows(list(arrays), arrays))) == 1
     with pytest.raises(ferry.InvalidArgumentError, match="FERRY_LOAD_WINDOW_BYTES"):
         ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", "lots")

@@ -1,0 +1,200 @@
+"""What a put reads: the checks and preparation of each input (numpy arrays, buffers, DLPack
+producers, scalars, ferry.Arrays), and pytrees of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import numpy as np
+
+from ._ferry import Array
+from ._errors import InvalidArgumentError
+from ._dtypes import _dtype_name, _NUMPY_DTYPES
+
+
+def _resolve_lazy_views(x: Any) -> Any:
+    """A torch view with the conjugate or negative bit set, made real (a copy).
+
+    Such a view shares its storage with the tensor it was made from and records the conjugation
+    or negation in a bit that DLPack cannot carry: read through DLPack it would arrive as the raw
+    storage, unconjugated or unnegated.
+    """
+    for flag, resolve in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+        check = getattr(x, flag, None)
+        if callable(check) and check():
+            x = getattr(x, resolve)()
+    return x
+
+
+def _has_buffer(x: Any) -> bool:
+    try:
+        memoryview(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_movable(x: Any, where: str) -> None:
+    """An error naming the real cause for inputs that cannot be moved (instead of the DLPack or
+    buffer error they would raise further down)."""
+    is_deleted = getattr(x, "is_deleted", None)
+    if type(x).__module__.startswith("jax") and callable(is_deleted) and is_deleted():
+        raise InvalidArgumentError(f"{where}: the jax array has been deleted (donated or .delete())")
+    if type(x).__module__ == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
+        if getattr(x, "is_meta", False):
+            raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
+        layout = str(getattr(x, "layout", "torch.strided"))
+        if layout != "torch.strided":
+            raise InvalidArgumentError(
+                f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
+                "first (.to_dense())")
+
+
+# DLPack's device types (DLDeviceType), for errors.
+_DLPACK_DEVICE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDAHost", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                        9: "VPI", 10: "ROCM", 11: "ROCMHost", 13: "CUDAManaged", 14: "OneAPI"}
+
+
+def _check_foreign_dtype(x: Any, where: str) -> None:
+    """An error naming the dtype for a framework's array (JAX, torch) of a dtype ferry lacks
+    (int4, float8_e4m3fnuz...), as numpy arrays get, instead of the DLPack error further down."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or isinstance(x, np.ndarray):
+        return
+    module = type(x).__module__.split(".")[0]
+    framework = {"jaxlib": "jax"}.get(module, module)
+    if type(dtype).__module__ == "torch":
+        try:
+            _dtype_name(dtype)
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"{where}: torch dtype {str(dtype).removeprefix('torch.')} has no ferry dtype "
+                f"(ferry has {', '.join(_NUMPY_DTYPES)})") from None
+        return
+    try:
+        numpy_dtype = np.dtype(dtype)
+    except TypeError:
+        return  # not a dtype numpy knows: let the buffer or DLPack path say what it can
+    if not _NUMPY_DTYPES.has(numpy_dtype):
+        raise InvalidArgumentError(
+            f"{where}: {framework} dtype {numpy_dtype} has no ferry dtype (ferry has "
+            f"{', '.join(_NUMPY_DTYPES)})")
+
+
+def _check_dlpack_device(x: Any, where: str) -> None:
+    """An error naming the device of a DLPack producer whose memory is not host memory (a CUDA
+    torch tensor): ferry imports host (CPU) DLPack tensors only."""
+    if isinstance(x, np.ndarray) or not hasattr(x, "__dlpack__"):
+        return
+    get_device = getattr(x, "__dlpack_device__", None)
+    if not callable(get_device):
+        return
+    try:
+        device_type, device_id = get_device()
+    except Exception:  # noqa: BLE001 - a producer that cannot say: the import will
+        return
+    if int(device_type) != _DLPACK_CPU:
+        name = _DLPACK_DEVICE_NAMES.get(int(device_type), f"device type {int(device_type)}")
+        raise InvalidArgumentError(
+            f"{where}: a {type(x).__name__} in {name}:{device_id} memory: ferry imports DLPack "
+            "tensors in host (CPU) memory only; copy it to the host first (torch: .cpu())")
+
+
+def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
+    """The object ferry reads, and a dtype override when numpy cannot describe the dtype itself.
+    `where` names the input in errors ("item 3")."""
+    if type(x) is not np.ndarray:  # numpy arrays (a file's tensors) skip the other inputs' checks
+        x = _prepare_other(x, where)
+    viewed = _NUMPY_DTYPES.viewed_as_uint(x.dtype) if isinstance(x, np.ndarray) else None
+    if viewed is not None:
+        return x.view(viewed[1]), viewed[0]
+    if isinstance(x, np.ndarray) and not _NUMPY_DTYPES.has(x.dtype):
+        raise InvalidArgumentError(
+            f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
+            f"{', '.join(_NUMPY_DTYPES)})")
+    return x, None
+
+
+def _prepare_other(x: Any, where: str) -> Any:
+    """_prepare for what is not a plain numpy array: scalars, framework arrays, ferry.Arrays,
+    objects numpy alone can read; checked, and made readable where it must be."""
+    if isinstance(x, (np.generic, bool, int, float, complex)):  # a scalar: a 0-d array
+        x = np.asarray(x)
+    _check_movable(x, where)
+    x = _resolve_lazy_views(x)
+    if isinstance(x, Array):
+        if x.is_deleted():
+            raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
+        x = x.to_numpy()  # through the host (device_put copies device to device where it can)
+    _check_foreign_dtype(x, where)
+    _check_dlpack_device(x, where)
+    if (not isinstance(x, np.ndarray) and not hasattr(x, "__dlpack__") and not _has_buffer(x)
+            and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
+        x = np.asarray(x)  # an object that numpy alone can read
+    return x
+
+
+def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
+    """Appends the leaves of a pytree (nested lists, tuples, named tuples and dicts; anything else
+    is a leaf; None is an empty subtree, as in JAX: no leaf, rebuilt as None) to `leaves`, in
+    order; returns the function that rebuilds the same structure from an iterator over new
+    leaves."""
+    if tree is None:
+        return lambda it: None
+    if isinstance(tree, dict):
+        keys = list(tree)
+        builders = [_flatten(tree[key], leaves) for key in keys]
+        return lambda it: type(tree)(zip(keys, [build(it) for build in builders]))
+    if isinstance(tree, (list, tuple)):
+        builders = [_flatten(item, leaves) for item in tree]
+        if hasattr(tree, "_fields"):  # a named tuple
+            return lambda it: type(tree)(*[build(it) for build in builders])
+        return lambda it: type(tree)([build(it) for build in builders])
+    leaves.append(tree)
+    return lambda it: next(it)
+
+
+def _leaf_device_dtypes(tree: Any, dtypes: Any, out: list[Any], path: str) -> None:
+    """Appends to `out` the device dtype of each leaf of `tree`, in _flatten's order: `dtypes` is
+    one dtype (or None) for the whole subtree, or a pytree of the same structure, its dicts
+    matched by key (as JAX matches a prefix tree), never by position."""
+    where = f" at {path}" if path else ""
+    if tree is None:
+        return  # an empty subtree: no leaf to give a dtype
+    if not isinstance(dtypes, (list, tuple, dict)):
+        leaves: list[Any] = []
+        _flatten(tree, leaves)
+        out.extend([dtypes] * len(leaves))
+        return
+    if isinstance(tree, dict):
+        if not isinstance(dtypes, dict):
+            raise InvalidArgumentError(
+                f"device_dtype{where} is a {type(dtypes).__name__} where the input has a dict: "
+                "give one dtype, or a dict with the same keys")
+        if set(dtypes) != set(tree):
+            missing = [k for k in tree if k not in dtypes]
+            extra = [k for k in dtypes if k not in tree]
+            raise InvalidArgumentError(
+                f"device_dtype{where} has other keys than the input: missing {missing}, "
+                f"unknown {extra}")
+        for key in tree:
+            _leaf_device_dtypes(tree[key], dtypes[key], out, f"{path}[{key!r}]")
+        return
+    if isinstance(tree, (list, tuple)):
+        if not isinstance(dtypes, (list, tuple)):
+            raise InvalidArgumentError(
+                f"device_dtype{where} is a dict where the input has a {type(tree).__name__}: "
+                "give one dtype, or a sequence of the same length")
+        if len(dtypes) != len(tree):
+            raise InvalidArgumentError(
+                f"device_dtype{where} has {len(dtypes)} {'entry' if len(dtypes) == 1 else 'entries'} "
+                f"for {len(tree)} arrays: give one dtype, or one per array in the same structure")
+        for index, (item, item_dtypes) in enumerate(zip(tree, dtypes)):
+            _leaf_device_dtypes(item, item_dtypes, out, f"{path}[{index}]")
+        return
+    raise InvalidArgumentError(
+        f"device_dtype{where} is a {type(dtypes).__name__} for one array: give one dtype")
+
+
+_DLPACK_CPU = 1  # DLPack's kDLCPU
