@@ -207,6 +207,123 @@ StatusOr<cl_event> EnqueueDirectWrite(const Write& write, const TransferPath& pa
   return event;
 }
 
+// Small sources go through a block of ferry's own, copied now, so that this call never waits
+// (not for the device, not for a staging chunk) and kImmutableOnlyDuringCall is done with the
+// source at once. The block lives until the write has read it.
+Status WriteFromOwnBlock(const Write& write, bool only_during_call, OnDoneWithHostBuffer on_done,
+                         const Promise<>& ready, ClientLifetime::Token token) {
+  const OpenClLibrary& cl = write.queue.cl();
+  const int64_t device_bytes = write.memory.size_bytes();
+  FERRY_ASSIGN_OR_RETURN(HostBlock block, AllocateHostBlock(device_bytes, write.what));
+  FERRY_RETURN_IF_ERROR(CopyConvert(
+      write.src, MutableHostView::Dense(block.get(), write.device_dtype, write.src.dims)));
+  metrics::StagingBytes()->Add(device_bytes);
+  std::optional<EventGate> gate;
+  if (!only_during_call) {
+    FERRY_ASSIGN_OR_RETURN(EventGate created, EventGate::Create(write.queue, write.what));
+    gate.emplace(std::move(created));
+  }
+  cl_event event = nullptr;
+  FERRY_OPENCL_RETURN_IF_ERROR(
+      cl.clEnqueueWriteBuffer(write.queue.queue(), write.memory.mem(), CL_FALSE, 0,
+                              static_cast<size_t>(device_bytes), block.get(), gate ? 1 : 0,
+                              gate ? gate->event() : nullptr, &event),
+      "clEnqueueWriteBuffer", write.what);
+  if (only_during_call && on_done) {
+    std::move(on_done)();
+    on_done = nullptr;
+  }
+  auto counter =
+      std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
+  // The write is the counter's one piece.
+  OnEventComplete(
+      cl, event,
+      [counter, block = std::move(block), what = write.what](cl_int status) mutable {
+        block.reset();
+        counter->Done(EventStatus(status, "write", what));
+      },
+      gate ? &*gate : nullptr);
+  if (gate) gate->Open();
+  cl.clFlush(write.queue.queue());
+  return OkStatus();
+}
+
+// kImmutableOnlyDuringCall from the caller's memory: the write is waited for here, so the source
+// is free, on_done has run and Ready() has completed when this returns. It needs no client
+// token: nothing of this write outlives the call.
+Status WriteDirectAndWait(const Write& write, const TransferPath& path,
+                          OnDoneWithHostBuffer on_done, const Promise<>& ready) {
+  const OpenClLibrary& cl = write.queue.cl();
+  FERRY_ASSIGN_OR_RETURN(cl_event event, EnqueueDirectWrite(write, path, nullptr));
+  cl.clFlush(write.queue.queue());
+  FERRY_OPENCL_RETURN_IF_ERROR(WaitForEvent(cl, event), "writing (waited for)", write.what);
+  if (on_done) std::move(on_done)();
+  on_done = nullptr;
+  ready.Set(OkStatus());
+  return OkStatus();
+}
+
+// An asynchronous write from the caller's memory; on_done and Ready() come from its event
+// callback. The gate keeps the write from completing before its callback is registered: on_done
+// must not run on this thread, inside this call.
+Status WriteDirectBehindGate(const Write& write, const TransferPath& path,
+                             OnDoneWithHostBuffer on_done, const Promise<>& ready,
+                             ClientLifetime::Token token) {
+  const OpenClLibrary& cl = write.queue.cl();
+  FERRY_ASSIGN_OR_RETURN(EventGate gate, EventGate::Create(write.queue, write.what));
+  FERRY_ASSIGN_OR_RETURN(cl_event event, EnqueueDirectWrite(write, path, gate.event()));
+  auto counter =
+      std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
+  OnEventComplete(
+      cl, event,
+      [counter, what = write.what](cl_int status) {
+        counter->Done(EventStatus(status, "write", what));
+      },
+      &gate);
+  gate.Open();
+  cl.clFlush(write.queue.queue());
+  return OkStatus();
+}
+
+// kImmutableOnlyDuringCall through the staging ring, on this thread (the call may wait for
+// chunks): on_done runs here once the source has been read, Ready() once the last chunk has
+// arrived.
+Status StageOnCallingThread(StagingRing& ring, const Write& write, OnDoneWithHostBuffer on_done,
+                            const Promise<>& ready, ClientLifetime::Token token) {
+  auto counter = std::make_shared<PieceCounter>(FinishWrite(nullptr, ready), std::move(token));
+  Status staged =
+      StagedWrite(ring, write.src, write.device_dtype, write.memory, counter, write.what);
+  if (!staged.ok()) {
+    counter->Done(staged);  // chunks in flight finish on their own
+    return staged;
+  }
+  if (on_done) std::move(on_done)();
+  on_done = nullptr;
+  counter->Done(OkStatus());
+  return OkStatus();
+}
+
+// Staged on the ring's worker: this call returns at once, with the future of the chunks having
+// been enqueued. The job holds the device memory only until its chunks are enqueued (they keep
+// the cl_mem alive on their own): when its Done is the last piece, on_done runs from it, and a
+// caller woken by on_done that drops the buffer must find the memory given back.
+StatusOr<Future<>> StageOnRingWorker(StagingRing& ring, std::shared_ptr<DeviceMemory> memory,
+                                     const HostView& src, DType device_dtype,
+                                     const std::string& what, OnDoneWithHostBuffer on_done,
+                                     const Promise<>& ready, ClientLifetime::Token token) {
+  auto counter =
+      std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
+  Promise<> enqueued;
+  FERRY_RETURN_IF_ERROR(ring.Submit([counter, memory = std::move(memory), src, device_dtype,
+                                     ring = &ring, enqueued, what](Status status) mutable {
+    if (status.ok()) status = StagedWrite(*ring, src, device_dtype, *memory, counter, what);
+    memory.reset();
+    enqueued.Set(status);
+    counter->Done(std::move(status));
+  }));
+  return enqueued.future();
+}
+
 }  // namespace
 
 OpenClDevice::OpenClDevice(OpenClClient* client, int index, OpenClDeviceInfo info,
@@ -310,7 +427,6 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   FERRY_ASSIGN_OR_RETURN(
       std::shared_ptr<DeviceMemory> memory,
       DeviceMemory::Create(queue, opencl_device->memory(), device_bytes, tensor_name));
-  const OpenClLibrary& cl = queue->cl();
   const std::string what = fmt::format("tensor '{}' on {}", tensor_name, device->name());
   StagingRing& ring = opencl_device->ring();
   Promise<> ready;
@@ -335,97 +451,28 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   const bool small = std::max(source_bytes, device_bytes) <= kInlineCopyBytes;
 
   if (small && (only_during_call || path.kind == PathKind::kStaged)) {
-    // Copy into a block of our own now, so that this call never waits (not for the device, not
-    // for a staging chunk) and kImmutableOnlyDuringCall is done with the source at once.
-    FERRY_ASSIGN_OR_RETURN(HostBlock block, AllocateHostBlock(device_bytes, what));
     FERRY_RETURN_IF_ERROR(
-        CopyConvert(src, MutableHostView::Dense(block.get(), device_dtype, src.dims)));
-    metrics::StagingBytes()->Add(device_bytes);
-    std::optional<EventGate> gate;
-    if (!only_during_call) {
-      FERRY_ASSIGN_OR_RETURN(EventGate created, EventGate::Create(*queue, what));
-      gate.emplace(std::move(created));
-    }
-    cl_event event = nullptr;
-    FERRY_OPENCL_RETURN_IF_ERROR(
-        cl.clEnqueueWriteBuffer(queue->queue(), memory->mem(), CL_FALSE, 0,
-                                static_cast<size_t>(device_bytes), block.get(), gate ? 1 : 0,
-                                gate ? gate->event() : nullptr, &event),
-        "clEnqueueWriteBuffer", what);
-    if (only_during_call && on_done) {
-      std::move(on_done)();
-      on_done = nullptr;
-    }
-    auto counter =
-        std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
-    // The write is the counter's one piece.
-    OnEventComplete(
-        cl, event,
-        [counter, block = std::move(block), what](cl_int status) mutable {
-          block.reset();
-          counter->Done(EventStatus(status, "write", what));
-        },
-        gate ? &*gate : nullptr);
-    if (gate) gate->Open();
-    cl.clFlush(queue->queue());
+        WriteFromOwnBlock(write, only_during_call, std::move(on_done), ready, std::move(token)));
     return make_buffer(enqueued_now);
   }
-
+  if (path.kind != PathKind::kStaged && only_during_call) {
+    FERRY_RETURN_IF_ERROR(WriteDirectAndWait(write, path, std::move(on_done), ready));
+    return make_buffer(enqueued_now);
+  }
   if (path.kind != PathKind::kStaged) {
-    if (only_during_call) {
-      FERRY_ASSIGN_OR_RETURN(cl_event event, EnqueueDirectWrite(write, path, nullptr));
-      cl.clFlush(queue->queue());
-      FERRY_OPENCL_RETURN_IF_ERROR(WaitForEvent(cl, event), "writing (waited for)", what);
-      if (on_done) std::move(on_done)();
-      on_done = nullptr;
-      ready.Set(OkStatus());
-      return make_buffer(enqueued_now);
-    }
-    // The gate keeps the write from completing before its callback is registered: on_done must
-    // not run on this thread, inside this call.
-    FERRY_ASSIGN_OR_RETURN(EventGate gate, EventGate::Create(*queue, what));
-    FERRY_ASSIGN_OR_RETURN(cl_event event, EnqueueDirectWrite(write, path, gate.event()));
-    auto counter =
-        std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
-    OnEventComplete(
-        cl, event,
-        [counter, what](cl_int status) { counter->Done(EventStatus(status, "write", what)); },
-        &gate);
-    gate.Open();
-    cl.clFlush(queue->queue());
+    FERRY_RETURN_IF_ERROR(
+        WriteDirectBehindGate(write, path, std::move(on_done), ready, std::move(token)));
     return make_buffer(enqueued_now);
   }
-
   if (only_during_call) {
-    // Staged on this thread (the call may wait); on_done runs once the source has been read,
-    // Ready() once the last chunk has arrived.
-    auto counter = std::make_shared<PieceCounter>(FinishWrite(nullptr, ready), std::move(token));
-    Status staged = StagedWrite(ring, src, device_dtype, *memory, counter, what);
-    if (!staged.ok()) {
-      counter->Done(staged);  // chunks in flight finish on their own
-      return staged;
-    }
-    if (on_done) std::move(on_done)();
-    on_done = nullptr;
-    counter->Done(OkStatus());
+    FERRY_RETURN_IF_ERROR(
+        StageOnCallingThread(ring, write, std::move(on_done), ready, std::move(token)));
     return make_buffer(enqueued_now);
   }
-
-  // Staged on the ring's worker: this call returns at once. The job holds the device memory only
-  // until its chunks are enqueued (they keep the cl_mem alive on their own): when its Done is the
-  // last piece, on_done runs from it, and a caller woken by on_done that drops the buffer must
-  // find the memory given back.
-  auto counter =
-      std::make_shared<PieceCounter>(FinishWrite(std::move(on_done), ready), std::move(token));
-  Promise<> enqueued;
-  FERRY_RETURN_IF_ERROR(ring.Submit(
-      [counter, memory, src, device_dtype, ring = &ring, enqueued, what](Status status) mutable {
-        if (status.ok()) status = StagedWrite(*ring, src, device_dtype, *memory, counter, what);
-        memory.reset();
-        enqueued.Set(status);
-        counter->Done(std::move(status));
-      }));
-  return make_buffer(enqueued.future());
+  FERRY_ASSIGN_OR_RETURN(Future<> enqueued,
+                         StageOnRingWorker(ring, memory, src, device_dtype, what,
+                                           std::move(on_done), ready, std::move(token)));
+  return make_buffer(std::move(enqueued));
 }
 
 namespace {

@@ -91,6 +91,55 @@ bool PluginCanReadStrides(const HostView& src) {
   return true;
 }
 
+// The device's kind ("cpu", a GPU's model name), from its description.
+StatusOr<std::string> DeviceKindOf(const PjrtRuntime& runtime, PJRT_Device* device) {
+  const PJRT_Api& api = runtime.api();
+  auto description = FERRY_PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  description.device = device;
+  FERRY_RETURN_IF_ERROR(
+      runtime.Check(api.PJRT_Device_GetDescription(&description), "Device_GetDescription"));
+  auto kind = FERRY_PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  kind.device_description = description.device_description;
+  FERRY_RETURN_IF_ERROR(runtime.Check(api.PJRT_DeviceDescription_Kind(&kind), "Kind"));
+  return View(kind.device_kind, kind.device_kind_size);
+}
+
+// The device's default memory; null when the plugin has no memories (older plugins) or cannot
+// say, which leaves the choice of memory to the plugin.
+PJRT_Memory* DefaultMemoryOf(const PjrtRuntime& runtime, PJRT_Device* device) {
+  if (!FERRY_PJRT_HAS(runtime.library(), PJRT_Device_DefaultMemory)) return nullptr;
+  auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
+  memory.device = device;
+  if (!runtime.Check(runtime.api().PJRT_Device_DefaultMemory(&memory), "DefaultMemory").ok()) {
+    return nullptr;
+  }
+  return memory.memory;
+}
+
+// The device's addressable memories with their kinds; empty on plugins that cannot list them,
+// and without the ones whose kind the plugin cannot name (a memory is chosen by its kind).
+std::vector<PjrtMemorySpace> MemorySpacesOf(const PjrtRuntime& runtime, PJRT_Device* device) {
+  const PJRT_Api& api = runtime.api();
+  std::vector<PjrtMemorySpace> spaces;
+  if (!FERRY_PJRT_HAS(runtime.library(), PJRT_Device_AddressableMemories) ||
+      !FERRY_PJRT_HAS(runtime.library(), PJRT_Memory_Kind)) {
+    return spaces;
+  }
+  auto memories = FERRY_PJRT_ARGS(PJRT_Device_AddressableMemories_Args);
+  memories.device = device;
+  if (!runtime.Check(api.PJRT_Device_AddressableMemories(&memories), "Memories").ok()) {
+    return spaces;
+  }
+  for (size_t m = 0; m < memories.num_memories; ++m) {
+    auto memory_kind = FERRY_PJRT_ARGS(PJRT_Memory_Kind_Args);
+    memory_kind.memory = memories.memories[m];
+    if (runtime.Check(api.PJRT_Memory_Kind(&memory_kind), "Memory_Kind").ok()) {
+      spaces.push_back({View(memory_kind.kind, memory_kind.kind_size), memories.memories[m]});
+    }
+  }
+  return spaces;
+}
+
 }  // namespace
 
 PJRT_Buffer_Type ToPjrtType(DType dtype) {
@@ -243,6 +292,18 @@ PjrtClient::~PjrtClient() {
 }
 
 Status PjrtClient::Initialize(const ClientOptions& options) {
+  FERRY_RETURN_IF_ERROR(ReadPlatformInfo());
+  FERRY_RETURN_IF_ERROR(AddDevices(options));
+  FERRY_RETURN_IF_ERROR(ProbeWhereBuffersLive());
+  const PjrtLibrary& library = runtime_->library();
+  platform_.direct_host_access = platform_.buffers_on_cpu &&
+                                 options.pjrt_direct_host_access.value_or(true) &&
+                                 FERRY_PJRT_HAS(library, PJRT_Client_CreateViewOfDeviceBuffer) &&
+                                 FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
+  return OkStatus();
+}
+
+Status PjrtClient::ReadPlatformInfo() {
   const PJRT_Api& api = runtime_->api();
   const PjrtLibrary& library = runtime_->library();
   platform_.plugin_path = library.path;
@@ -267,7 +328,11 @@ Status PjrtClient::Initialize(const ClientOptions& options) {
       FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer) &&
       FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_Destroy);
   platform_.has_raw_reads = FERRY_PJRT_HAS(library, PJRT_Buffer_CopyRawToHost);
+  return OkStatus();
+}
 
+Status PjrtClient::AddDevices(const ClientOptions& options) {
+  const PJRT_Api& api = runtime_->api();
   auto devices_args = FERRY_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
   devices_args.client = runtime_->client();
   FERRY_RETURN_IF_ERROR(
@@ -278,73 +343,44 @@ Status PjrtClient::Initialize(const ClientOptions& options) {
   }
   if (count == 0) {
     return UnavailableError(
-        fmt::format("the PJRT plugin {} has no addressable device", library.path));
+        fmt::format("the PJRT plugin {} has no addressable device", runtime_->library().path));
   }
   DeviceCapabilities capabilities = options.capabilities.value_or(DeviceCapabilities::All());
   for (size_t i = 0; i < count; ++i) {
     PJRT_Device* device = devices_args.addressable_devices[i];
-    auto description = FERRY_PJRT_ARGS(PJRT_Device_GetDescription_Args);
-    description.device = device;
-    FERRY_RETURN_IF_ERROR(
-        runtime_->Check(api.PJRT_Device_GetDescription(&description), "Device_GetDescription"));
-    auto kind = FERRY_PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
-    kind.device_description = description.device_description;
-    FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_DeviceDescription_Kind(&kind), "Kind"));
-    PJRT_Memory* default_memory = nullptr;
-    std::vector<PjrtMemorySpace> spaces;
-    if (FERRY_PJRT_HAS(library, PJRT_Device_DefaultMemory)) {
-      auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
-      memory.device = device;
-      if (runtime_->Check(api.PJRT_Device_DefaultMemory(&memory), "DefaultMemory").ok()) {
-        default_memory = memory.memory;
-      }
-    }
-    if (FERRY_PJRT_HAS(library, PJRT_Device_AddressableMemories) &&
-        FERRY_PJRT_HAS(library, PJRT_Memory_Kind)) {
-      auto memories = FERRY_PJRT_ARGS(PJRT_Device_AddressableMemories_Args);
-      memories.device = device;
-      if (runtime_->Check(api.PJRT_Device_AddressableMemories(&memories), "Memories").ok()) {
-        for (size_t m = 0; m < memories.num_memories; ++m) {
-          auto memory_kind = FERRY_PJRT_ARGS(PJRT_Memory_Kind_Args);
-          memory_kind.memory = memories.memories[m];
-          if (runtime_->Check(api.PJRT_Memory_Kind(&memory_kind), "Memory_Kind").ok()) {
-            spaces.push_back({View(memory_kind.kind, memory_kind.kind_size), memories.memories[m]});
-          }
-        }
-      }
-    }
-    devices_.push_back(std::make_unique<PjrtDevice>(
-        this, static_cast<int>(i), device, default_memory,
-        View(kind.device_kind, kind.device_kind_size), std::move(spaces), capabilities));
+    FERRY_ASSIGN_OR_RETURN(std::string kind, DeviceKindOf(*runtime_, device));
+    PJRT_Memory* default_memory = DefaultMemoryOf(*runtime_, device);
+    std::vector<PjrtMemorySpace> spaces = MemorySpacesOf(*runtime_, device);
+    devices_.push_back(std::make_unique<PjrtDevice>(this, static_cast<int>(i), device,
+                                                    default_memory, std::move(kind),
+                                                    std::move(spaces), capabilities));
     device_pointers_.push_back(devices_.back().get());
   }
+  return OkStatus();
+}
 
-  // Are the plugin's buffers in host memory? Ask a one-element probe buffer.
-  if (FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu)) {
-    alignas(64) static const float kProbe[1] = {0.0f};
-    const int64_t dims[1] = {1};
-    auto put = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-    put.client = runtime_->client();
-    put.data = kProbe;
-    put.type = PJRT_Buffer_Type_F32;
-    put.dims = dims;
-    put.num_dims = 1;
-    put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-    put.device = devices_[0]->pjrt_device();
-    FERRY_RETURN_IF_ERROR(
-        runtime_->Check(api.PJRT_Client_BufferFromHostBuffer(&put), "probe BufferFromHostBuffer"));
-    AwaitEvent(api, put.done_with_host_buffer, "probe").IgnoreError();
-    PjrtBufferHandle probe(runtime_, put.buffer);
-    auto on_cpu = FERRY_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
-    on_cpu.buffer = put.buffer;
-    if (runtime_->Check(api.PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu").ok()) {
-      platform_.buffers_on_cpu = on_cpu.is_on_cpu;
-    }
+Status PjrtClient::ProbeWhereBuffersLive() {
+  const PJRT_Api& api = runtime_->api();
+  if (!FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_IsOnCpu)) return OkStatus();
+  alignas(64) static const float kProbe[1] = {0.0f};
+  const int64_t dims[1] = {1};
+  auto put = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  put.client = runtime_->client();
+  put.data = kProbe;
+  put.type = PJRT_Buffer_Type_F32;
+  put.dims = dims;
+  put.num_dims = 1;
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  put.device = devices_[0]->pjrt_device();
+  FERRY_RETURN_IF_ERROR(
+      runtime_->Check(api.PJRT_Client_BufferFromHostBuffer(&put), "probe BufferFromHostBuffer"));
+  AwaitEvent(api, put.done_with_host_buffer, "probe").IgnoreError();
+  PjrtBufferHandle probe(runtime_, put.buffer);
+  auto on_cpu = FERRY_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
+  on_cpu.buffer = put.buffer;
+  if (runtime_->Check(api.PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu").ok()) {
+    platform_.buffers_on_cpu = on_cpu.is_on_cpu;
   }
-  platform_.direct_host_access = platform_.buffers_on_cpu &&
-                                 options.pjrt_direct_host_access.value_or(true) &&
-                                 FERRY_PJRT_HAS(library, PJRT_Client_CreateViewOfDeviceBuffer) &&
-                                 FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
   return OkStatus();
 }
 
@@ -381,26 +417,17 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
   return PutStaged(src, device_dtype, pjrt_device, semantics, std::move(on_done), tensor_name);
 }
 
-StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& src,
-                                                               PjrtDevice* device,
-                                                               HostBufferSemantics semantics,
-                                                               OnDoneWithHostBuffer on_done,
-                                                               std::string_view tensor_name) {
-  const PJRT_Api& api = runtime_->api();
-  FERRY_ASSIGN_OR_RETURN(
-      ClientLifetime::Token token,
-      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
-  const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy;
-  const int64_t device_bytes = src.dense_size_bytes();
-  std::shared_ptr<AccountedBytes> accounted;
-  if (!zero_copy) {
-    FERRY_RETURN_IF_ERROR(device->memory()->Reserve(device_bytes, tensor_name, device->name()));
-    accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
-  }
+namespace {
+
+// The arguments of PJRT_Client_BufferFromHostBuffer that have the plugin read `src` itself, with
+// its byte strides when it is not dense. They point into `src`.
+PJRT_Client_BufferFromHostBuffer_Args PluginPutArgs(PJRT_Client* client, const HostView& src,
+                                                    const PjrtDevice& device,
+                                                    HostBufferSemantics semantics) {
   // An empty tensor still needs a valid pointer: plugins dereference null data.
   alignas(64) static const std::byte kEmpty[64] = {};
   auto args = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  args.client = runtime_->client();
+  args.client = client;
   args.data = src.num_elements() == 0 ? kEmpty : src.data;
   args.type = ToPjrtType(src.dtype);
   args.dims = src.dims.data();
@@ -420,8 +447,149 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
       args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
       break;
   }
-  args.device = device->pjrt_device();
-  args.memory = device->default_memory();
+  args.device = device.pjrt_device();
+  args.memory = device.default_memory();
+  return args;
+}
+
+// The two events of a put through the plugin, owned by whoever holds this until each is awaited,
+// destroyed or handed to OnEventReady.
+struct PluginPutEvents {
+  // The plugin has let go of the source.
+  PJRT_Event* done_with_host_buffer = nullptr;
+  // The buffer is ready; null when the plugin gave none, with its error in `ready_status`.
+  PJRT_Event* ready = nullptr;
+  Status ready_status;
+};
+
+// The events of the put `put` made, taken over from the plugin.
+PluginPutEvents TakePutEvents(const PjrtRuntime& runtime,
+                              const PJRT_Client_BufferFromHostBuffer_Args& put,
+                              std::string_view tensor_name) {
+  auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready_args.buffer = put.buffer;
+  // When the plugin gives no ready event, its error is the buffer's readiness: a null event
+  // would read as ready (OnEventReady and AwaitEvent take null for "nothing to wait for").
+  Status ready_status = runtime.Check(runtime.api().PJRT_Buffer_ReadyEvent(&ready_args),
+                                      fmt::format("tensor '{}': Buffer_ReadyEvent", tensor_name));
+  PJRT_Event* ready = ready_status.ok() ? ready_args.event : nullptr;
+  return PluginPutEvents{put.done_with_host_buffer, ready, std::move(ready_status)};
+}
+
+// kImmutableOnlyDuringCall: runs on_done on this thread once the plugin has let go of the
+// source, then waits for the buffer to be ready. Takes over both events. PJRT promises the plugin
+// has let go when the call returns; its event is waited for anyway (a plugin that breaks the
+// promise costs a wait, not a use-after-free).
+Status AwaitPluginPut(const PJRT_Api& api, PluginPutEvents events, OnDoneWithHostBuffer on_done,
+                      std::string_view tensor_name) {
+  Status read = AwaitEvent(api, events.done_with_host_buffer, "done_with_host_buffer");
+  if (on_done) std::move(on_done)();
+  return !read.ok() ? (DestroyEvent(api, events.ready), read)
+         : !events.ready_status.ok()
+             ? events.ready_status
+             : AwaitEvent(api, events.ready, fmt::format("tensor '{}'", tensor_name));
+}
+
+// An aliasing put: on_done runs when the plugin lets go of the memory, at PJRT_Buffer_Destroy
+// (from the plugin's thread); `ready` is the buffer's own readiness, set before `token` is
+// released. Takes over both events.
+void CompleteAliasingPut(const PJRT_Api& api, PluginPutEvents events, OnDoneWithHostBuffer on_done,
+                         const Promise<>& ready, ClientLifetime::Token token,
+                         std::string_view tensor_name) {
+  OnEventReady(
+      api, events.done_with_host_buffer,
+      [on_done = std::move(on_done)](Status) mutable {
+        if (on_done) std::move(on_done)();
+      },
+      "done_with_host_buffer");
+  auto set_ready = [ready, token = std::move(token)](Status status) mutable {
+    ready.Set(std::move(status));  // before the token: the client waits for both
+    token.Release();
+  };
+  if (events.ready_status.ok()) {
+    OnEventReady(api, events.ready, std::move(set_ready), fmt::format("tensor '{}'", tensor_name));
+  } else {
+    set_ready(events.ready_status);
+  }
+}
+
+// A copying put: `ready` completes once the data has arrived and on_done has returned, then
+// `token` is released. on_done runs on a runtime thread, never inside BufferFromHostBuffer (see
+// below), as kImmutableUntilTransferCompletes promises. Takes over both events; `client` outlives
+// them (its destructor waits for the token).
+void CompleteCopyingPut(PjrtClient& client, const PJRT_Api& api, PluginPutEvents events,
+                        OnDoneWithHostBuffer on_done, const Promise<>& ready,
+                        ClientLifetime::Token token, std::string_view tensor_name) {
+  auto counter =
+      std::make_shared<PieceCounter>([ready, token = std::move(token)](Status status) mutable {
+        ready.Set(std::move(status));  // before the token: the client waits for both
+        token.Release();
+      });
+  counter->Add();
+  // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
+  // ready at once and its continuation would run here, inside BufferFromHostBuffer: on_done
+  // then goes to the client's worker, a runtime thread, as kImmutableUntilTransferCompletes
+  // promises.
+  auto release_source = [counter, on_done = std::move(on_done)](Status status) mutable {
+    if (on_done) {
+      OnDoneWithHostBuffer release = std::move(on_done);
+      std::move(release)();
+    }
+    counter->Done(std::move(status));
+  };
+  OnEventReady(
+      api, events.done_with_host_buffer,
+      [client = &client, caller = std::this_thread::get_id(),
+       release_source = std::move(release_source)](Status status) mutable {
+        if (std::this_thread::get_id() != caller) {
+          std::move(release_source)(std::move(status));
+          return;
+        }
+        auto deferred = std::make_shared<decltype(release_source)>(std::move(release_source));
+        Status queued = client->RunOnStagingWorker(
+            [deferred, status](Status) mutable { std::move (*deferred)(std::move(status)); });
+        // Only a closing client refuses: then run it here rather than never.
+        if (!queued.ok()) std::move (*deferred)(std::move(status));
+      },
+      "done_with_host_buffer");
+  counter->Add();
+  OnEventReady(
+      api, events.ready, [counter](Status status) { counter->Done(std::move(status)); },
+      fmt::format("tensor '{}'", tensor_name));
+  counter->Done(events.ready_status);
+}
+
+}  // namespace
+
+std::byte* PjrtClient::HostAddressOf(PJRT_Buffer* buffer) const {
+  if (!platform_.buffers_on_cpu ||
+      !FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer)) {
+    return nullptr;
+  }
+  auto pointer = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+  pointer.buffer = buffer;
+  const Status status = runtime_->Check(
+      runtime_->api().PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&pointer), "pointer");
+  return status.ok() ? static_cast<std::byte*>(pointer.device_memory_ptr) : nullptr;
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& src,
+                                                               PjrtDevice* device,
+                                                               HostBufferSemantics semantics,
+                                                               OnDoneWithHostBuffer on_done,
+                                                               std::string_view tensor_name) {
+  const PJRT_Api& api = runtime_->api();
+  FERRY_ASSIGN_OR_RETURN(
+      ClientLifetime::Token token,
+      ClientLifetime::Begin(runtime_->lifetime(), fmt::format("tensor '{}'", tensor_name)));
+  const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy;
+  const int64_t device_bytes = src.dense_size_bytes();
+  std::shared_ptr<AccountedBytes> accounted;
+  if (!zero_copy) {
+    FERRY_RETURN_IF_ERROR(device->memory()->Reserve(device_bytes, tensor_name, device->name()));
+    accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
+  }
+  auto args = PluginPutArgs(runtime_->client(), src, *device, semantics);
   FERRY_RETURN_IF_ERROR(runtime_->Check(
       api.PJRT_Client_BufferFromHostBuffer(&args),
       fmt::format("tensor '{}': BufferFromHostBuffer on {}", tensor_name, device->name())));
@@ -431,15 +599,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
   parts.handle = handle;
   parts.device_dtype = src.dtype;
   parts.dims = src.dims;
-  std::byte* device_pointer = nullptr;
-  if (platform_.buffers_on_cpu &&
-      FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer)) {
-    auto pointer = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
-    pointer.buffer = args.buffer;
-    if (runtime_->Check(api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&pointer), "pointer").ok()) {
-      device_pointer = static_cast<std::byte*>(pointer.device_memory_ptr);
-    }
-  }
+  std::byte* device_pointer = HostAddressOf(args.buffer);
   parts.is_alias = zero_copy && device_pointer != nullptr && device_pointer == src.data;
   if (zero_copy && !parts.is_alias) {
     // The plugin copied where it was allowed to alias: the copy holds device memory like any
@@ -464,88 +624,20 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
   parts.host_address = platform_.direct_host_access || parts.is_alias ? device_pointer : nullptr;
   if (parts.is_alias) metrics::ZeroCopyAliases()->Add();
 
-  auto ready_args = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready_args.buffer = args.buffer;
-  // When the plugin gives no ready event, its error is the buffer's readiness: a null event
-  // would read as ready (OnEventReady and AwaitEvent take null for "nothing to wait for").
-  Status ready_event_status =
-      runtime_->Check(api.PJRT_Buffer_ReadyEvent(&ready_args),
-                      fmt::format("tensor '{}': Buffer_ReadyEvent", tensor_name));
-  PJRT_Event* ready_event = ready_event_status.ok() ? ready_args.event : nullptr;
-
+  PluginPutEvents events = TakePutEvents(*runtime_, args, tensor_name);
   if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    // PJRT promises the plugin has let go of the source when the call returns; its event is
-    // waited for anyway (a plugin that breaks the promise costs a wait, not a use-after-free).
-    Status read = AwaitEvent(api, args.done_with_host_buffer, "done_with_host_buffer");
-    if (on_done) std::move(on_done)();
-    Status ready = !read.ok() ? (DestroyEvent(api, ready_event), read)
-                   : !ready_event_status.ok()
-                       ? ready_event_status
-                       : AwaitEvent(api, ready_event, fmt::format("tensor '{}'", tensor_name));
-    FERRY_RETURN_IF_ERROR(ready);
+    FERRY_RETURN_IF_ERROR(AwaitPluginPut(api, std::move(events), std::move(on_done), tensor_name));
     parts.ready = Future<>::Ready(OkStatus());
     return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
   }
-
   Promise<> ready;
   parts.ready = ready.future();
   if (parts.is_alias) {
-    // on_done runs when the plugin lets go of the memory, at PJRT_Buffer_Destroy; Ready() is the
-    // buffer's own readiness.
-    OnEventReady(
-        api, args.done_with_host_buffer,
-        [on_done = std::move(on_done)](Status) mutable {
-          if (on_done) std::move(on_done)();
-        },
-        "done_with_host_buffer");
-    auto set_ready = [ready, token = std::move(token)](Status status) mutable {
-      ready.Set(std::move(status));  // before the token: the client waits for both
-      token.Release();
-    };
-    if (ready_event_status.ok()) {
-      OnEventReady(api, ready_event, std::move(set_ready), fmt::format("tensor '{}'", tensor_name));
-    } else {
-      set_ready(ready_event_status);
-    }
+    CompleteAliasingPut(api, std::move(events), std::move(on_done), ready, std::move(token),
+                        tensor_name);
   } else {
-    // Ready() completes once the data has arrived and on_done has returned.
-    auto counter =
-        std::make_shared<PieceCounter>([ready, token = std::move(token)](Status status) mutable {
-          ready.Set(std::move(status));  // before the token: the client waits for both
-          token.Release();
-        });
-    counter->Add();
-    // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
-    // ready at once and its continuation would run here, inside BufferFromHostBuffer: on_done
-    // then goes to the client's worker, a runtime thread, as kImmutableUntilTransferCompletes
-    // promises.
-    auto release_source = [counter, on_done = std::move(on_done)](Status status) mutable {
-      if (on_done) {
-        OnDoneWithHostBuffer release = std::move(on_done);
-        std::move(release)();
-      }
-      counter->Done(std::move(status));
-    };
-    OnEventReady(
-        api, args.done_with_host_buffer,
-        [this, caller = std::this_thread::get_id(),
-         release_source = std::move(release_source)](Status status) mutable {
-          if (std::this_thread::get_id() != caller) {
-            std::move(release_source)(std::move(status));
-            return;
-          }
-          auto deferred = std::make_shared<decltype(release_source)>(std::move(release_source));
-          Status queued = staging_->Submit(
-              [deferred, status](Status) mutable { std::move (*deferred)(std::move(status)); });
-          // Only a closing client refuses: then run it here rather than never.
-          if (!queued.ok()) std::move (*deferred)(std::move(status));
-        },
-        "done_with_host_buffer");
-    counter->Add();
-    OnEventReady(
-        api, ready_event, [counter](Status status) { counter->Done(std::move(status)); },
-        fmt::format("tensor '{}'", tensor_name));
-    counter->Done(ready_event_status);
+    CompleteCopyingPut(*this, api, std::move(events), std::move(on_done), ready, std::move(token),
+                       tensor_name);
   }
   return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
 }

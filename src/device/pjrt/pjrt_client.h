@@ -28,6 +28,7 @@
 // ring's worker thread; the direct path on the transfer engine's workers.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -159,7 +160,19 @@ class PjrtClient final : public Client {
 
  private:
   explicit PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers);
+  // Fills platform_ and makes the devices, through the three steps below in this order.
   Status Initialize(const ClientOptions& options);
+  // What the plugin says of itself and which optional entries it has, into platform_.
+  Status ReadPlatformInfo();
+  // One PjrtDevice per addressable PJRT device (the first options.num_devices of them when that
+  // is given), owned by devices_. Unavailable when that leaves none.
+  Status AddDevices(const ClientOptions& options);
+  // platform_.buffers_on_cpu, from a one-element buffer put on the first device and destroyed
+  // before this returns; false when the plugin cannot say.
+  Status ProbeWhereBuffersLive();
+  // Where the plugin keeps `buffer` in host memory: only where its buffers are on the CPU and it
+  // can tell; null otherwise. The plugin owns that memory, valid while `buffer` lives.
+  std::byte* HostAddressOf(PJRT_Buffer* buffer) const;
 
   StatusOr<std::unique_ptr<Buffer>> PutThroughPlugin(const HostView& src, PjrtDevice* device,
                                                      HostBufferSemantics semantics,
