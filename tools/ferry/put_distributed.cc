@@ -79,9 +79,15 @@ void AdviseShardReads(const JobTensor& tensor, const Mesh& mesh, int shard_dim) 
   if (sharding.ok()) AdviseExactShardReads(view, *sharding);  // else reported by the transfer
 }
 
-// Starts every tensor's sharded transfer (this process's shards only) and waits for them.
+// Starts every tensor's sharded transfer (this process's shards only, straight from the mapping)
+// and waits for them.
 Status SendShards(std::vector<JobTensor>& tensors, const Mesh& mesh, int shard_dim,
                   HostBufferSemantics semantics) {
+  // Read exactly the pages of this process's shards: the kernel's read-around past a shard's edge
+  // would read other ranks' shards too (docs/distributed.md, "What each process reads").
+  for (const JobTensor& tensor : tensors) {
+    if (tensor.entry.zero_copy && tensor.split) AdviseShardReads(tensor, mesh, shard_dim);
+  }
   TransferToDeviceOptions transfer_options;
   transfer_options.semantics = semantics;
   for (JobTensor& tensor : tensors) {
@@ -96,6 +102,15 @@ Status SendShards(std::vector<JobTensor>& tensors, const Mesh& mesh, int shard_d
   for (const JobTensor& tensor : tensors) {
     FERRY_RETURN_IF_ERROR(AwaitReady(tensor.sharded->addressable_shards()));
   }
+  return OkStatus();
+}
+
+// Sends the shards, then checks that no file was truncated under its mapping while they were read
+// from it: such pages read as zeros, not as the file (MappedFile::CheckIntact).
+Status PutShards(std::vector<JobTensor>& tensors, const std::vector<TensorFile>& files,
+                 const Mesh& mesh, int shard_dim, HostBufferSemantics semantics) {
+  FERRY_RETURN_IF_ERROR(SendShards(tensors, mesh, shard_dim, semantics));
+  for (const TensorFile& file : files) FERRY_RETURN_IF_ERROR(file.file()->CheckIntact());
   return OkStatus();
 }
 
@@ -152,6 +167,9 @@ StatusOr<std::vector<uint64_t>> LocalChecksums(const std::vector<JobTensor>& ten
   return sums;
 }
 
+// Whether --device-dtype `requested` applies to a tensor stored as `source` without
+// --device-dtype-all: when both are of one kind (bool, floating point or complex), all integers
+// counting as one kind.
 bool RequestApplies(DType requested, DType source) {
   const auto integer = [](DTypeKind kind) {
     return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
@@ -161,290 +179,369 @@ bool RequestApplies(DType requested, DType source) {
   return a == b || (integer(a) && integer(b));
 }
 
-}  // namespace
+StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
+  if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
+  if (name == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
+  if (name == "async") return HostBufferSemantics::kImmutableUntilTransferCompletes;
+  return InvalidArgumentError(
+      fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
+}
 
-int RunPutOverAllDevices(const DistributedPutOptions& options) {
-  auto initialized = distributed::Initialize();
-  if (!initialized.ok()) return ReportError(kCommand, initialized.status());
-  distributed::ProcessGroup& group = **initialized;
-  // MPI is finalized on every way out (not after a peer was lost: that would wait for it).
-  struct Finalizer {
-    ~Finalizer() { distributed::Finalize(); }
-  } finalizer;
-  const auto agree = [&](const Status& local, std::string_view step) {
-    return distributed::AgreeOnStatus(group, local, step);
-  };
-
-  // Everything a rank can get wrong on its own is agreed on before anything moves.
-  Status local;
+// What a rank can get wrong on its own (a flag's value, a backend that does not start here): every
+// rank finds it before anything moves, so that the ranks can agree on it.
+struct RankSetup {
   HostBufferSemantics semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
-  if (options.semantics == "copy") {
-    semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
-  } else if (options.semantics == "zero_copy") {
-    semantics = HostBufferSemantics::kImmutableZeroCopy;
-  } else if (options.semantics != "async") {
-    local = InvalidArgumentError(
-        fmt::format("--semantics must be copy, async or zero_copy, not '{}'", options.semantics));
-  }
-  std::optional<DType> requested;
-  if (!options.device_dtype.empty()) {
-    auto dtype = DTypeFromName(options.device_dtype);
-    if (dtype.ok()) {
-      requested = *dtype;
-    } else if (local.ok()) {
-      local = dtype.status();
-    }
-  }
-  DeviceSet device_set;
+  std::optional<DType> requested;  // --device-dtype
   std::vector<Device*> local_devices;
-  if (local.ok()) {
-    auto client = device_set.GetClient(options.backend);
-    if (client.ok()) {
-      const auto devices = (*client)->devices();
-      local_devices.assign(devices.begin(), devices.end());
-    } else {
-      local = client.status();
-    }
+};
+
+// `device_set` owns the client of --mesh all's backend.
+StatusOr<RankSetup> SetUpRank(const DistributedPutOptions& options, DeviceSet& device_set) {
+  RankSetup setup;
+  FERRY_ASSIGN_OR_RETURN(setup.semantics, ParseSemantics(options.semantics));
+  if (!options.device_dtype.empty()) {
+    FERRY_ASSIGN_OR_RETURN(setup.requested, DTypeFromName(options.device_dtype));
   }
-  if (Status agreed = agree(local, "starting the devices"); !agreed.ok()) {
-    return ReportError(kCommand, agreed);
-  }
-  // One field a line (AgreeOnValue names the first that differs).
-  std::string plan;
+  FERRY_ASSIGN_OR_RETURN(Client * client, device_set.GetClient(options.backend));
+  const auto devices = client->devices();
+  setup.local_devices.assign(devices.begin(), devices.end());
+  return setup;
+}
+
+// The options every rank must share, one field a line (AgreeOnValue names the first that differs).
+std::string CommandLineText(const DistributedPutOptions& options) {
+  std::string text;
   for (size_t i = 0; i < options.files.size(); ++i) {
-    plan += fmt::format("file {}: {}\n", i + 1, Printable(options.files[i]));
+    text += fmt::format("file {}: {}\n", i + 1, Printable(options.files[i]));
   }
-  plan += fmt::format(
+  text += fmt::format(
       "backend: {}\n--shard-dim: {}\n--device-dtype: {}\n--device-dtype-all: {}\n"
       "--semantics: {}\n--verify: {}\n--only: {}\n--exclude: {}",
       options.backend, options.shard_dim, options.device_dtype.empty() ? "-" : options.device_dtype,
       options.device_dtype_all, options.semantics, options.verify, fmt::join(options.only, " "),
       fmt::join(options.exclude, " "));
-  if (Status agreed = distributed::AgreeOnValue(group, plan, "the command line"); !agreed.ok()) {
-    return ReportError(kCommand, agreed);
-  }
-  auto global = distributed::GlobalDevices::Gather(group, options.backend, local_devices);
-  if (!global.ok()) return ReportError(kCommand, global.status());
-  const std::vector<Device*>& mesh_devices = (*global)->devices();
-  auto mesh = Mesh::Create(mesh_devices, {static_cast<int64_t>(mesh_devices.size())}, {"all"});
-  if (!mesh.ok()) return ReportError(kCommand, mesh.status());
+  return text;
+}
 
-  if (options.drop_page_cache) {
-    for (const std::string& path : options.files) DropPageCache(path);
+// A tensor of the job as the file holds it, with the dtype the devices will hold it in (`file` and
+// `file_number` are the caller's to set).
+StatusOr<JobTensor> DescribeTensor(const TensorFileEntry& entry, std::optional<DType> requested,
+                                   const DistributedPutOptions& options,
+                                   const DeviceCapabilities& capabilities) {
+  const HostView& view = entry.source->view();
+  if (requested.has_value() && !options.device_dtype_all &&
+      !RequestApplies(*requested, view.dtype)) {
+    requested.reset();
   }
-  const int64_t read_before = StorageReadBytes();
-  const int64_t anonymous_before = CurrentResidentMemory().anonymous;
-  ResidentMemorySampler memory_sampler;
-  if (Status ready = group.Barrier("the start"); !ready.ok()) return ReportError(kCommand, ready);
-  const auto start = std::chrono::steady_clock::now();
+  JobTensor tensor;
+  tensor.entry = entry;
+  tensor.dims = view.dims;
+  tensor.file_dtype = view.dtype;
+  FERRY_ASSIGN_OR_RETURN(tensor.device_dtype, ChooseDeviceDType(view.dtype, requested, capabilities,
+                                                                entry.source->name()));
+  tensor.split = options.shard_dim < view.rank();
+  return tensor;
+}
 
-  // Open (map) every file; a file that one rank cannot open stops every rank.
-  std::vector<TensorFile> files;
-  std::vector<JobTensor> tensors;
-  // A line per tensor, "name: dtype [dims]": the same files on every rank.
-  std::string layout;
+// Opens (maps) every file and appends to `tensors` the tensors --only and --exclude select; an
+// error when a file cannot be opened, a tensor has no dtype the devices hold, or a pattern matched
+// nothing.
+Status OpenJobFiles(const DistributedPutOptions& options, std::optional<DType> requested,
+                    const DeviceCapabilities& capabilities, std::vector<TensorFile>& files,
+                    std::vector<JobTensor>& tensors) {
   TensorSelector selector({}, options.only, options.exclude);
   TensorFileOptions open_options;
   if (!selector.empty()) open_options.selector = &selector;
   for (const std::string& path : options.files) {
-    auto file = TensorFile::Open(path, open_options);
-    if (!file.ok()) {
-      local = file.status();
-      break;
-    }
-    for (const TensorFileEntry& entry : file->tensors()) {
-      JobTensor tensor;
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path, open_options));
+    for (const TensorFileEntry& entry : file.tensors()) {
+      FERRY_ASSIGN_OR_RETURN(JobTensor tensor,
+                             DescribeTensor(entry, requested, options, capabilities));
       tensor.file = path;
       tensor.file_number = files.size() + 1;
-      tensor.entry = entry;
-      const HostView& view = entry.source->view();
-      tensor.dims = view.dims;
-      tensor.file_dtype = view.dtype;
-      std::optional<DType> wanted = requested;
-      if (wanted.has_value() && !options.device_dtype_all && !RequestApplies(*wanted, view.dtype)) {
-        wanted.reset();
-      }
-      auto dtype = ChooseDeviceDType(view.dtype, wanted, mesh_devices.front()->capabilities(),
-                                     entry.source->name());
-      if (!dtype.ok()) {
-        local = dtype.status();
-        break;
-      }
-      tensor.device_dtype = *dtype;
-      tensor.split = options.shard_dim < view.rank();
-      layout += fmt::format("{}: {} [{}]\n", Printable(entry.name), DTypeName(view.dtype),
-                            fmt::join(view.dims, ","));
       tensors.push_back(std::move(tensor));
     }
-    files.push_back(*std::move(file));
-    if (!local.ok()) break;
+    files.push_back(std::move(file));
   }
-  if (local.ok()) local = selector.CheckEverythingMatched(FilesText(options.files));
-  if (Status agreed = agree(local, "opening the files"); !agreed.ok()) {
-    return ReportError(kCommand, agreed);
-  }
-  if (Status agreed = distributed::AgreeOnValue(group, layout, "the files' tensors");
-      !agreed.ok()) {
-    return ReportError(kCommand, agreed);
-  }
+  return selector.CheckEverythingMatched(FilesText(options.files));
+}
 
-  // Read exactly the pages of this process's shards (AdviseExactShardReads): the kernel's
-  // read-around past a shard's edge would read other ranks' shards too. Measured on this machine
-  // (1 GiB sample, 2 ranks, cold cache): each rank alone read 1006 MiB for its 504 MiB of shards
-  // with the kernel's read-around, 504.4 MiB with the advice (docs/distributed.md).
+// A line per tensor, "name: dtype [dims]": the ranks agree on it, so that they put the same
+// tensors whatever files each of them opened.
+std::string TensorLayout(const std::vector<JobTensor>& tensors) {
+  std::string layout;
   for (const JobTensor& tensor : tensors) {
-    if (!tensor.entry.zero_copy || !tensor.split) continue;
-    AdviseShardReads(tensor, *mesh, options.shard_dim);
+    layout += fmt::format("{}: {} [{}]\n", Printable(tensor.entry.name),
+                          DTypeName(tensor.file_dtype), fmt::join(tensor.dims, ","));
   }
-  // Each rank sends its own devices their shards, straight from the mapping.
-  local = SendShards(tensors, *mesh, options.shard_dim, semantics);
+  return layout;
+}
+
+// This rank's numbers in the job's report: its row of the table, its entry in the JSON.
+struct RankNumbers {
+  size_t devices = 0;
   int64_t shard_bytes = 0;
-  int64_t total_bytes = 0;
-  for (const JobTensor& tensor : tensors) {
-    if (tensor.sharded != nullptr) {
-      shard_bytes += LocalShardBytes(*tensor.sharded, GetDTypeInfo(tensor.file_dtype).size_bytes);
-    }
-    total_bytes += TensorBytes(tensor);
+  int64_t storage_read_bytes = -1;
+  int64_t isolated_read_bytes = -1;  // --drop-page-cache only
+  int64_t peak_rss_bytes = -1;
+  ResidentMemory peak_memory;
+  int64_t anonymous_before_bytes = -1;
+  int64_t anonymous_rss_bytes = -1;
+  int64_t mapped_file_bytes = 0;
+  double seconds = 0;
+};
+
+nlohmann::json RankJson(int rank, const RankNumbers& numbers) {
+  return {{"rank", rank},
+          {"devices", numbers.devices},
+          {"shard_bytes", numbers.shard_bytes},
+          {"storage_read_bytes", numbers.storage_read_bytes},
+          {"isolated_read_bytes", numbers.isolated_read_bytes},
+          {"peak_rss_bytes", numbers.peak_rss_bytes},
+          {"peak_anonymous_bytes", numbers.peak_memory.anonymous},
+          {"peak_file_backed_bytes", numbers.peak_memory.file},
+          {"anonymous_before_bytes", numbers.anonymous_before_bytes},
+          {"anonymous_rss_bytes", numbers.anonymous_rss_bytes},
+          {"mapped_file_bytes", numbers.mapped_file_bytes},
+          {"seconds", numbers.seconds}};
+}
+
+// Measures this rank's put: its storage reads and memory from construction, made before the start
+// barrier (and after --drop-page-cache dropped the files), its time from StartClock, after it.
+class PutMeter {
+ public:
+  void StartClock() { start_ = std::chrono::steady_clock::now(); }
+
+  // Sets `numbers`' time, reads and memory; `paths` are the files, for their mapped bytes.
+  void Stop(const std::vector<std::string>& paths, RankNumbers& numbers) {
+    numbers.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    numbers.storage_read_bytes = read_before_ < 0 ? -1 : StorageReadBytes() - read_before_;
+    numbers.peak_memory = memory_sampler_.Stop();
+    numbers.peak_rss_bytes = PeakRssBytes();
+    numbers.anonymous_before_bytes = anonymous_before_;
+    numbers.anonymous_rss_bytes = CurrentResidentMemory().anonymous;
+    numbers.mapped_file_bytes = MappedFileBytes(paths);
   }
+
+ private:
+  const int64_t read_before_ = StorageReadBytes();
+  const int64_t anonymous_before_ = CurrentResidentMemory().anonymous;
+  ResidentMemorySampler memory_sampler_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+int64_t RankShardBytes(const std::vector<JobTensor>& tensors) {
+  int64_t bytes = 0;
   for (const JobTensor& tensor : tensors) {
-    if (!local.ok() || tensor.sharded == nullptr) break;
-    local = AwaitReady(tensor.sharded->addressable_shards());
+    if (tensor.sharded == nullptr) continue;  // its put failed
+    bytes += LocalShardBytes(*tensor.sharded, GetDTypeInfo(tensor.file_dtype).size_bytes);
   }
+  return bytes;
+}
+
+int64_t TotalTensorBytes(const std::vector<JobTensor>& tensors) {
+  int64_t bytes = 0;
+  for (const JobTensor& tensor : tensors) bytes += TensorBytes(tensor);
+  return bytes;
+}
+
+// What --verify found: a verdict per tensor, and whether every tensor the devices hold at the
+// file's dtype matched (a converted tensor may differ without being wrong).
+struct Verification {
+  std::vector<Verdict> verdicts;
+  bool exact = true;
+};
+
+// Per tensor, the file's checksum against the devices', each summed over the ranks.
+StatusOr<Verification> VerifyOverRanks(distributed::ProcessGroup& group,
+                                       const std::vector<JobTensor>& tensors) {
+  auto sums = LocalChecksums(tensors);
+  FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, sums.status(), "verifying"));
+  FERRY_ASSIGN_OR_RETURN(const std::vector<uint64_t> total,
+                         distributed::AllReduceSum(group, *sums, "summing the checksums"));
+  Verification verification;
+  verification.verdicts.assign(tensors.size(), Verdict::kUnchecked);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const bool match = total[2 * t] == total[2 * t + 1];
+    const bool converted = tensors[t].device_dtype != tensors[t].file_dtype;
+    verification.verdicts[t] = match       ? Verdict::kMatch
+                               : converted ? Verdict::kLossy
+                                           : Verdict::kMismatch;
+    if (!match && !converted) verification.exact = false;
+  }
+  return verification;
+}
+
+void DropPageCaches(const std::vector<std::string>& paths) {
+  for (const std::string& path : paths) DropPageCache(path);
+}
+
+// What the files have in the page cache, whoever read it.
+int64_t PageCacheBytesOfFiles(const std::vector<std::string>& paths) {
+  int64_t bytes = 0;
+  for (const std::string& path : paths) bytes += PageCacheBytes(path).value_or(0);
+  return bytes;
+}
+
+// Lets go of the tensors' mappings and device data (dims and dtypes stay, for the report).
+void ReleaseTensors(std::vector<JobTensor>& tensors) {
+  for (JobTensor& tensor : tensors) {
+    tensor.entry.source.reset();
+    tensor.sharded.reset();
+  }
+}
+
+// One rank's turn of the isolated-read measurement: maps the files again and sends its shards
+// again, onto the tensors' described dims and dtypes.
+Status SendShardsAgain(const DistributedPutOptions& options, const Mesh& mesh,
+                       HostBufferSemantics semantics, std::vector<JobTensor>& tensors) {
+  std::vector<TensorFile> files;
+  for (const std::string& path : options.files) {
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path));
+    files.push_back(std::move(file));
+  }
+  size_t next = 0;
   for (const TensorFile& file : files) {
-    if (local.ok()) local = file.file()->CheckIntact();
+    for (const TensorFileEntry& entry : file.tensors()) tensors[next++].entry = entry;
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const int64_t read_bytes = read_before < 0 ? -1 : StorageReadBytes() - read_before;
-  const ResidentMemory peak_memory = memory_sampler.Stop();
-  const int64_t peak_rss = PeakRssBytes();
-  const int64_t anonymous_rss = CurrentResidentMemory().anonymous;
-  const int64_t mapped_bytes = MappedFileBytes(options.files);
-  if (Status agreed = agree(local, "putting the tensors"); !agreed.ok()) {
-    return ReportError(kCommand, agreed);
-  }
+  return SendShards(tensors, mesh, options.shard_dim, semantics);
+}
 
-  // --verify: per tensor, the file's checksum and the devices' summed over the ranks.
-  std::vector<Verdict> verdicts(tensors.size(), Verdict::kUnchecked);
-  bool verified_exact = true;
-  if (options.verify) {
-    auto sums = LocalChecksums(tensors);
-    if (Status agreed = agree(sums.status(), "verifying"); !agreed.ok()) {
-      return ReportError(kCommand, agreed);
-    }
-    auto total = distributed::AllReduceSum(group, *sums, "summing the checksums");
-    if (!total.ok()) return ReportError(kCommand, total.status());
-    for (size_t t = 0; t < tensors.size(); ++t) {
-      const bool match = (*total)[2 * t] == (*total)[2 * t + 1];
-      const bool converted = tensors[t].device_dtype != tensors[t].file_dtype;
-      verdicts[t] = match ? Verdict::kMatch : converted ? Verdict::kLossy : Verdict::kMismatch;
-      if (!match && !converted) verified_exact = false;
-    }
-  }
-
-  // The union of what every rank read (or found in the cache).
-  if (Status ready = group.Barrier("the end of the reads"); !ready.ok()) {
-    return ReportError(kCommand, ready);
-  }
-  int64_t resident = 0;
-  for (const std::string& path : options.files) resident += PageCacheBytes(path).value_or(0);
-
-  // --drop-page-cache: what each rank reads on its own. The page cache is shared on one machine,
-  // so concurrent ranks' reads (and the kernel's read-around past a shard's edge) land on whoever
-  // faults first. Rank by rank: every rank lets go of its mappings (mapped pages cannot be
-  // dropped), the cache is dropped, that rank alone maps the files and sends its shards again,
-  // and the files' resident bytes (mincore) are what it read. Untimed.
+// --drop-page-cache: the bytes this rank reads on its own. The page cache is shared on one
+// machine, so concurrent ranks' reads (and the kernel's read-around past a shard's edge) land on
+// whoever faults first. Rank by rank: every rank lets go of its mappings (mapped pages cannot be
+// dropped), the cache is dropped, that rank alone maps the files and sends its shards again, and
+// the files' resident bytes (mincore) are what it read. Untimed. Releases `files` and `tensors`'
+// mappings and device data.
+StatusOr<int64_t> MeasureIsolatedReads(distributed::ProcessGroup& group,
+                                       const DistributedPutOptions& options, const Mesh& mesh,
+                                       HostBufferSemantics semantics,
+                                       std::vector<TensorFile>& files,
+                                       std::vector<JobTensor>& tensors) {
+  files.clear();
+  ReleaseTensors(tensors);
+  Status local;
   int64_t isolated_read = -1;
+  for (int turn = 0; turn < group.size() && local.ok(); ++turn) {
+    DropPageCaches(options.files);
+    FERRY_RETURN_IF_ERROR(group.Barrier("measuring reads"));
+    if (turn == group.rank()) {
+      local = SendShardsAgain(options, mesh, semantics, tensors);
+      isolated_read = PageCacheBytesOfFiles(options.files);
+      ReleaseTensors(tensors);
+    }
+    FERRY_RETURN_IF_ERROR(group.Barrier("measuring reads"));
+  }
+  FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, local, "measuring each rank's reads"));
+  return isolated_read;
+}
+
+// The job as rank 0 reports it; `ranks` holds every rank's RankJson, in rank order.
+JobSummary SummarizeJob(const DistributedPutOptions& options,
+                        const distributed::GlobalDevices& global, int processes,
+                        const std::vector<std::string>& ranks) {
+  JobSummary job;
+  job.verify = options.verify;
+  job.shard_dim = options.shard_dim;
+  job.devices = global.devices().size();
+  job.processes = processes;
+  for (const Device* device : global.devices()) job.device_names.push_back(global.NameOf(device));
+  job.ranks = nlohmann::json::array();
+  for (const std::string& text : ranks) {
+    job.ranks.push_back(nlohmann::json::parse(text));
+    job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
+  }
+  return job;
+}
+
+// The table on stdout, and the JSON with --json.
+Status PrintJobReport(const std::vector<JobTensor>& tensors, const Verification& verification,
+                      const JobSummary& job, const DistributedPutOptions& options) {
+  fmt::print("{}", FormatJobReport(tensors, verification.verdicts, job, options,
+                                   OutputWidth(STDOUT_FILENO)));
+  std::fflush(stdout);
+  if (options.json_path.empty()) return OkStatus();
+  return WriteJson(JobJson(tensors, verification.verdicts, job, options, verification.exact),
+                   options.json_path);
+}
+
+// The job on this rank. Every error it returns is the same on every rank: what one rank finds on
+// its own is agreed on (AgreeOnStatus) before the next collective call.
+Status PutOverAllDevices(distributed::ProcessGroup& group, const DistributedPutOptions& options) {
+  DeviceSet device_set;
+  const StatusOr<RankSetup> setup = SetUpRank(options, device_set);
+  FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, setup.status(), "starting the devices"));
+  FERRY_RETURN_IF_ERROR(
+      distributed::AgreeOnValue(group, CommandLineText(options), "the command line"));
+  FERRY_ASSIGN_OR_RETURN(
+      const std::shared_ptr<const distributed::GlobalDevices> global,
+      distributed::GlobalDevices::Gather(group, options.backend, setup->local_devices));
+  const std::vector<Device*>& mesh_devices = global->devices();
+  FERRY_ASSIGN_OR_RETURN(
+      const Mesh mesh,
+      Mesh::Create(mesh_devices, {static_cast<int64_t>(mesh_devices.size())}, {"all"}));
+
+  if (options.drop_page_cache) DropPageCaches(options.files);
+  RankNumbers numbers;
+  numbers.devices = setup->local_devices.size();
+  PutMeter meter;
+  FERRY_RETURN_IF_ERROR(group.Barrier("the start"));
+  meter.StartClock();
+  std::vector<TensorFile> files;
+  std::vector<JobTensor> tensors;
+  const Status opened =
+      OpenJobFiles(options, setup->requested, mesh_devices.front()->capabilities(), files, tensors);
+  FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, opened, "opening the files"));
+  FERRY_RETURN_IF_ERROR(
+      distributed::AgreeOnValue(group, TensorLayout(tensors), "the files' tensors"));
+  const Status put = PutShards(tensors, files, mesh, options.shard_dim, setup->semantics);
+  meter.Stop(options.files, numbers);
+  numbers.shard_bytes = RankShardBytes(tensors);
+  FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, put, "putting the tensors"));
+
+  Verification verification;
+  verification.verdicts.assign(tensors.size(), Verdict::kUnchecked);
+  if (options.verify) {
+    FERRY_ASSIGN_OR_RETURN(verification, VerifyOverRanks(group, tensors));
+  }
+  // The union of what every rank read (or found in the cache).
+  FERRY_RETURN_IF_ERROR(group.Barrier("the end of the reads"));
+  const int64_t resident_after = PageCacheBytesOfFiles(options.files);
   if (options.drop_page_cache) {
-    files.clear();
-    for (JobTensor& tensor : tensors) {
-      tensor.entry.source.reset();
-      tensor.sharded.reset();
-    }
-    for (int turn = 0; turn < group.size() && local.ok(); ++turn) {
-      for (const std::string& path : options.files) DropPageCache(path);
-      if (Status ready = group.Barrier("measuring reads"); !ready.ok()) {
-        return ReportError(kCommand, ready);
-      }
-      if (turn == group.rank()) {
-        std::vector<TensorFile> again;
-        for (const std::string& path : options.files) {
-          auto file = TensorFile::Open(path);
-          if (!file.ok()) {
-            local = file.status();
-            break;
-          }
-          again.push_back(*std::move(file));
-        }
-        size_t next = 0;
-        for (const TensorFile& file : again) {
-          for (const TensorFileEntry& entry : file.tensors()) tensors[next++].entry = entry;
-        }
-        for (const JobTensor& tensor : tensors) {
-          if (local.ok() && tensor.entry.zero_copy && tensor.split) {
-            AdviseShardReads(tensor, *mesh, options.shard_dim);
-          }
-        }
-        if (local.ok()) local = SendShards(tensors, *mesh, options.shard_dim, semantics);
-        isolated_read = 0;
-        for (const std::string& path : options.files)
-          isolated_read += PageCacheBytes(path).value_or(0);
-        for (JobTensor& tensor : tensors) {
-          tensor.entry.source.reset();
-          tensor.sharded.reset();
-        }
-      }
-      if (Status done = group.Barrier("measuring reads"); !done.ok()) {
-        return ReportError(kCommand, done);
-      }
-    }
-    if (Status agreed = agree(local, "measuring each rank's reads"); !agreed.ok()) {
-      return ReportError(kCommand, agreed);
-    }
+    FERRY_ASSIGN_OR_RETURN(
+        numbers.isolated_read_bytes,
+        MeasureIsolatedReads(group, options, mesh, setup->semantics, files, tensors));
   }
 
   // One report for the job, printed by rank 0 from every rank's numbers.
-  nlohmann::json mine = {{"rank", group.rank()},
-                         {"devices", local_devices.size()},
-                         {"shard_bytes", shard_bytes},
-                         {"storage_read_bytes", read_bytes},
-                         {"isolated_read_bytes", isolated_read},
-                         {"peak_rss_bytes", peak_rss},
-                         {"peak_anonymous_bytes", peak_memory.anonymous},
-                         {"peak_file_backed_bytes", peak_memory.file},
-                         {"anonymous_before_bytes", anonymous_before},
-                         {"anonymous_rss_bytes", anonymous_rss},
-                         {"mapped_file_bytes", mapped_bytes},
-                         {"seconds", seconds}};
-  auto gathered = group.AllGather(mine.dump(), "gathering the results");
-  if (!gathered.ok()) return ReportError(kCommand, gathered.status());
+  FERRY_ASSIGN_OR_RETURN(
+      const std::vector<std::string> ranks,
+      group.AllGather(RankJson(group.rank(), numbers).dump(), "gathering the results"));
   if (group.rank() == 0) {
-    JobSummary job;
-    job.verify = options.verify;
-    job.shard_dim = options.shard_dim;
-    job.devices = mesh_devices.size();
-    job.processes = group.size();
-    for (const Device* device : mesh_devices) job.device_names.push_back((*global)->NameOf(device));
-    job.total_bytes = total_bytes;
-    job.resident_after = resident;
-    job.ranks = nlohmann::json::array();
-    for (const std::string& text : *gathered) {
-      job.ranks.push_back(nlohmann::json::parse(text));
-      job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
-    }
-    fmt::print("{}", FormatJobReport(tensors, verdicts, job, options, OutputWidth(STDOUT_FILENO)));
-    std::fflush(stdout);
-    if (!options.json_path.empty()) {
-      const nlohmann::json json = JobJson(tensors, verdicts, job, options, verified_exact);
-      if (Status written = WriteJson(json, options.json_path); !written.ok()) {
-        return ReportError(kCommand, written);
-      }
-    }
+    JobSummary job = SummarizeJob(options, *global, group.size(), ranks);
+    job.total_bytes = TotalTensorBytes(tensors);
+    job.resident_after = resident_after;
+    FERRY_RETURN_IF_ERROR(PrintJobReport(tensors, verification, job, options));
   }
-  if (options.verify && !verified_exact) {
-    return ReportError(kCommand, absl::DataLossError("verify: a tensor's global checksum differs "
-                                                     "from the file's (see the report)"));
+  if (options.verify && !verification.exact) {
+    return absl::DataLossError(
+        "verify: a tensor's global checksum differs from the file's (see the report)");
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunPutOverAllDevices(const DistributedPutOptions& options) {
+  auto initialized = distributed::Initialize();
+  if (!initialized.ok()) return ReportError(kCommand, initialized.status());
+  // MPI is finalized on every way out (not after a peer was lost: that would wait for it).
+  struct Finalizer {
+    ~Finalizer() { distributed::Finalize(); }
+  } finalizer;
+  const Status status = PutOverAllDevices(**initialized, options);
+  if (!status.ok()) return ReportError(kCommand, status);
   return kExitOk;
 }
 
