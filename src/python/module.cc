@@ -1,6 +1,6 @@
-// The `ferry._ferry` extension module: the C++ side of the Python API (python/ferry/__init__.py
-// holds the Python side). Every entry point drains the release queue (gil.h, defence 2) and every
-// call that can wait releases the GIL (defence 1).
+// The `ferry._ferry` extension module: the C++ side of the Python API (the package in
+// python/ferry holds the Python side). Every entry point drains the release queue (gil.h, defence
+// 2) and every call that can wait releases the GIL (defence 1).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
@@ -45,7 +45,7 @@ namespace nb = nanobind;
 namespace ferry::python {
 namespace {
 
-// absl::StatusCode -> Python exception class, filled by ferry/__init__.py at import.
+// absl::StatusCode -> Python exception class, filled by ferry/_errors.py at import.
 std::map<int, PyObject*>& ErrorClasses() {
   static auto* classes = new std::map<int, PyObject*>();
   return *classes;
@@ -208,7 +208,7 @@ HostBufferSemantics ParseSemantics(const std::string& semantics) {
       fmt::format("semantics must be 'copy', 'async' or 'zero_copy', got '{}'", semantics))};
 }
 
-// A function of the `ferry` package (python/ferry/__init__.py): the Array methods written in
+// A function of the `ferry` package (python/ferry/_arrays.py): the Array methods written in
 // Python are defined on the class here and call it.
 nb::object PythonHelper(const char* name) { return nb::module_::import_("ferry").attr(name); }
 
@@ -921,13 +921,8 @@ std::vector<Device*> Devices(std::optional<std::string> backend) {
   return devices;
 }
 
-}  // namespace
-
-NB_MODULE(_ferry, m) {
-  m.doc() = "ferry's C++ core; use the `ferry` package.";
-  m.attr("__version__") = ferry::kVersion;
-  InstallForkHandler();
-
+// A C++ Status becomes the Python error class that ferry/_errors.py registers for its code.
+void DefineErrors(nb::module_& m) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -947,7 +942,10 @@ NB_MODULE(_ferry, m) {
   m.def("_register_error", [](int code, nb::object cls) {
     ErrorClasses()[code] = cls.release().ptr();  // kept for the life of the process
   });
+}
 
+// ferry.Device: borrowed from its client, which lives as long as the process.
+void DefineDeviceClass(nb::module_& m) {
   nb::class_<Device>(m, "Device",
                      "A device of a backend (ferry.devices(), ferry.device(\"host:0\")): owned by "
                      "its client, which lives as long as the process.")
@@ -996,11 +994,16 @@ NB_MODULE(_ferry, m) {
            [](const Device& d) { return fmt::format("Device({})", distributed::NameInJob(d)); })
       .def("__eq__", [](const Device& a, const Device& b) { return &a == &b; })
       .def("__hash__", [](const Device& d) { return std::hash<const void*>()(&d); });
+}
 
-  nb::class_<Array>(m, "Array", nb::dynamic_attr(),
-                    "A tensor on a device, or sharded over a mesh (ferry.device_put): its logical "
-                    "dtype is the source's, the device may store another (device_dtype). The "
-                    "device memory is released with the last reference or delete().")
+// ferry.Array's methods written in C++; DefineArrayPythonMethods adds those written in Python.
+nb::class_<Array> DefineArrayClass(nb::module_& m) {
+  nb::class_<Array> array(
+      m, "Array", nb::dynamic_attr(),
+      "A tensor on a device, or sharded over a mesh (ferry.device_put): its logical "
+      "dtype is the source's, the device may store another (device_dtype). The "
+      "device memory is released with the last reference or delete().");
+  array
       .def_prop_ro("shape", &Array::shape, nb::sig("def shape(self) -> tuple[int, ...]"),
                    "The shape, a tuple of ints (of the whole, for a sharded array).")
       .def_prop_ro(
@@ -1076,8 +1079,14 @@ NB_MODULE(_ferry, m) {
                    "\"pinned_host\", ... (Device.memory_kinds; device_put's memory_kind).")
       .def_prop_ro("is_fully_addressable", &Array::is_fully_addressable,
                    "Whether every shard is on this process's devices (always, in one process).")
-      .def("_local_shards", &LocalShardsOf)
-      // Written in Python (python/ferry/__init__.py, `_array_*`), defined here on the class.
+      .def("_local_shards", &LocalShardsOf);
+  return array;
+}
+
+// ferry.Array's methods written in Python (python/ferry/_arrays.py), looked up at each call.
+void DefineArrayPythonMethods(nb::class_<Array>& array) {
+  array
+      // Written in Python (python/ferry/_arrays.py, `_array_*`), defined here on the class.
       .def(
           "__bool__", [](nb::handle self) { return PythonHelper("_array_bool")(self); },
           nb::sig("def __bool__(self) -> bool"),
@@ -1146,7 +1155,10 @@ NB_MODULE(_ferry, m) {
            nb::sig("def __dlpack_device__(self) -> tuple[int, int]"),
            "(1, 0) for arrays in host-addressable memory, (2, ordinal) in a CUDA plugin's "
            "memory, (10, ordinal) in a ROCm plugin's.");
+}
 
+// ferry.HostRead: a read into the caller's memory in flight.
+void DefineHostReadClass(nb::module_& m) {
   nb::class_<HostRead>(m, "HostRead",
                        "A read into the caller's memory in flight (Array.copy_to_host_async(out=), "
                        "made by device_get(out=) too): it holds the destination until the read is "
@@ -1160,13 +1172,16 @@ NB_MODULE(_ferry, m) {
       .def("wait", &HostRead::Wait,
            "Waits until the read has finished (without the GIL; Ctrl-C raises "
            "KeyboardInterrupt and the read carries on), raises its error, and returns `out`.")
-      // Written in Python (python/ferry/__init__.py, `_host_read_await`).
+      // Written in Python (python/ferry/_arrays.py, `_host_read_await`).
       .def(
           "__await__", [](nb::handle self) { return PythonHelper("_host_read_await")(self); },
           nb::sig("def __await__(self) -> typing.Generator[typing.Any, None, typing.Any]"),
           "`await read` in asyncio: waits in the running loop's default executor, then returns "
           "`out` (or raises the read's error).");
+}
 
+// Meshes, shardings and the sharded puts.
+void DefineShardingFunctions(nb::module_& m) {
   nb::class_<Mesh>(m, "_Mesh")
       .def("__init__",
            [](Mesh* self, std::vector<Device*> devices, std::vector<int64_t> shape,
@@ -1206,7 +1221,10 @@ NB_MODULE(_ferry, m) {
     if (!a.sharded()) return std::nullopt;
     return a.sharded()->sharding();
   });
+}
 
+// Puts, gets and loads onto one device, and the devices themselves.
+void DefineTransferFunctions(nb::module_& m) {
   m.def("put", &Put, nb::arg("objects"), nb::arg("dtype_overrides"), nb::arg("device").none(),
         nb::arg("device_dtype").none(), nb::arg("semantics"));
   m.def("put_each", &PutEach, nb::arg("objects"), nb::arg("dtype_overrides"),
@@ -1228,6 +1246,10 @@ NB_MODULE(_ferry, m) {
   });
   m.def("devices", &Devices, nb::arg("backend").none() = nb::none(), nb::rv_policy::reference);
   m.def("device", &DeviceByName, nb::rv_policy::reference);
+}
+
+// ferry.metrics() and ferry.settings() (docs/settings.md).
+void DefineMetricsAndSettings(nb::module_& m) {
   m.def("metrics", [] { return MetricsSnapshot(); });
   m.def("_device_count_hint", [](const std::string& backend) { return DeviceCountHint(backend); });
   m.def("metrics_report", [] { return MetricsReport(); });
@@ -1262,7 +1284,11 @@ NB_MODULE(_ferry, m) {
     }
     return rows;
   });
+}
 
+// Hooks for the tests and for the exit: the GIL release, the deferred release of device memory,
+// nanobind's leak report.
+void DefineRuntimeHooks(nb::module_& m) {
   m.def("_set_release_gil", &SetReleaseGil);
   m.def("_set_deferred_release", &SetDeferredRelease);
   m.def("_release_gil_enabled", &ReleaseGilEnabled);
@@ -1274,7 +1300,24 @@ NB_MODULE(_ferry, m) {
   // threads still run: the interpreter freezes them where they are, and what their frames hold
   // (their device, their latest array) is never freed, by design rather than by a bug.
   m.def("_set_leak_warnings", [](bool enabled) { nb::set_leak_warnings(enabled); });
+}
 
+}  // namespace
+
+NB_MODULE(_ferry, m) {
+  m.doc() = "ferry's C++ core; use the `ferry` package.";
+  m.attr("__version__") = ferry::kVersion;
+  InstallForkHandler();
+
+  DefineErrors(m);
+  DefineDeviceClass(m);
+  nb::class_<Array> array = DefineArrayClass(m);
+  DefineArrayPythonMethods(array);
+  DefineHostReadClass(m);
+  DefineShardingFunctions(m);
+  DefineTransferFunctions(m);
+  DefineMetricsAndSettings(m);
+  DefineRuntimeHooks(m);
   AddTensorFileFunctions(m);
   AddDistributedFunctions(m);
 }

@@ -1,7 +1,7 @@
 // Numpy arrays over ferry's host memory, without copies. Every function requires the GIL.
 //
 // Numpy has no bfloat16 or float8: arrays of those dtypes are made with unsigned ints of the same
-// size, and the Python layer views them as the ml_dtypes type (ferry/__init__.py, _NUMPY_DTYPES).
+// size, and the Python layer views them as the ml_dtypes type (ferry/_dtypes.py, _NUMPY_DTYPES).
 #pragma once
 
 #include <nanobind/nanobind.h>

@@ -1,6 +1,6 @@
 // How a non-OK Status crosses into Python: C++ code of the extension throws a StatusError, and the
 // translator registered in module.cc raises the ferry.Error subclass of its code (the classes are
-// registered by ferry/__init__.py at import) with the Status message as the exception's text.
+// registered by ferry/_errors.py at import) with the Status message as the exception's text.
 #pragma once
 
 #include <utility>

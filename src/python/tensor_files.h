@@ -1,5 +1,5 @@
 // The tensor-file functions of `ferry._ferry` (ferry.load_file / open_file / save_file in
-// python/ferry/__init__.py): the io layer's TensorFile and writers (docs/files.md).
+// python/ferry/_files.py): the io layer's TensorFile and writers (docs/files.md).
 #pragma once
 
 #include <nanobind/nanobind.h>
