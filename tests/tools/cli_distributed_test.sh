@@ -70,6 +70,12 @@ check "--drop-page-cache --json" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safeten
   --drop-page-cache --json "$work/cold.json"
 expect_output "json has per-rank storage reads" '"storage_read_bytes"' "$work/cold.json"
 expect_output "json has the aggregate" '"aggregate_gbps"' "$work/cold.json"
+# The second, measuring pass opens the files with the same --only/--exclude as the put (it read
+# every tensor of the file into a list sized for the chosen ones, and crashed).
+check "--only with --drop-page-cache" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
+  --mesh all --only 'lm_head*' --drop-page-cache --json "$work/cold_only.json"
+expect_output "--only with --drop-page-cache: per-rank storage reads" '"storage_read_bytes"' \
+  "$work/cold_only.json"
 # A converted put: the checksums differ by the requested conversion, which is not a failure.
 check "converted --verify" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" --mesh all \
   --device-dtype bfloat16 --verify

@@ -396,14 +396,29 @@ void ReleaseTensors(std::vector<JobTensor>& tensors) {
 // again, onto the tensors' described dims and dtypes.
 Status SendShardsAgain(const DistributedPutOptions& options, const Mesh& mesh,
                        HostBufferSemantics semantics, std::vector<JobTensor>& tensors) {
+  // The same selection as the timed put (OpenJobFiles), so the entries line up with `tensors`.
+  TensorSelector selector({}, options.only, options.exclude);
+  TensorFileOptions open_options;
+  if (!selector.empty()) open_options.selector = &selector;
   std::vector<TensorFile> files;
   for (const std::string& path : options.files) {
-    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path));
+    FERRY_ASSIGN_OR_RETURN(TensorFile file, TensorFile::Open(path, open_options));
     files.push_back(std::move(file));
   }
   size_t next = 0;
   for (const TensorFile& file : files) {
-    for (const TensorFileEntry& entry : file.tensors()) tensors[next++].entry = entry;
+    for (const TensorFileEntry& entry : file.tensors()) {
+      if (next == tensors.size()) break;
+      tensors[next++].entry = entry;
+    }
+  }
+  size_t reopened = 0;
+  for (const TensorFile& file : files) reopened += file.tensors().size();
+  if (reopened != tensors.size()) {
+    return FailedPreconditionError(
+        fmt::format("the files changed during the put: {} tensors when measuring the reads, {} "
+                    "before",
+                    reopened, tensors.size()));
   }
   return SendShards(tensors, mesh, options.shard_dim, semantics);
 }
@@ -423,7 +438,9 @@ StatusOr<int64_t> MeasureIsolatedReads(distributed::ProcessGroup& group,
   ReleaseTensors(tensors);
   Status local;
   int64_t isolated_read = -1;
-  for (int turn = 0; turn < group.size() && local.ok(); ++turn) {
+  // Every rank takes part in every turn, a failed one too: the ranks make the same calls in the
+  // same order, and agree on the outcome after the last turn.
+  for (int turn = 0; turn < group.size(); ++turn) {
     DropPageCaches(options.files);
     FERRY_RETURN_IF_ERROR(group.Barrier("measuring reads"));
     if (turn == group.rank()) {
