@@ -41,6 +41,11 @@ run_ctest() {
 stage "clang-format (the repository's .clang-format)"
 git -C "$root" ls-files '*.cc' '*.h' | (cd "$root" && xargs clang-format --dry-run --Werror)
 
+stage "function length (lizard: no function over 100 lines in src/, tools/, include/ or the Python package)"
+# Readable units (STYLE.md): a longer function is split into named steps. lizard prints each
+# function over the limit (with its length) and exits non-zero.
+"$python" -m lizard --length 100 --CCN 1000 --warnings_only src tools include python/ferry
+
 stage "clang -Wthread-safety (the library, compile only)"
 # What each mutex guards is declared with ABSL_GUARDED_BY (src/core/mutex.h); clang checks it. A
 # Debug (-O0) build of the library alone, no tests: about 7 CPU minutes (3-4 on 2 cores).
