@@ -36,6 +36,7 @@
 
 #include "CLI/CLI.hpp"
 #include "bench_case.h"
+#include "device_queues.h"
 #include "ferry/core/dtype.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/host_view.h"
@@ -815,6 +816,7 @@ struct BenchOptions {
   int repeats = 7;
   std::optional<int> workers;
   bool list = false;
+  bool device_queues = false;  // --device-queues
   bool peers = false;
   bool fresh_loads = false;     // --fresh-loads
   bool no_fresh_loads = false;  // --no-fresh-loads
@@ -869,6 +871,10 @@ void AddBenchOptions(CLI::App& app, BenchOptions& options) {
   app.add_option("--workers", options.workers,
                  "Worker threads of the backend (default: the backend's)");
   app.add_flag("--list", options.list, "List the cases and exit");
+  app.add_flag("--device-queues", options.device_queues,
+               "Only this: staged puts and reads on one pjrt device alone against one on each of 4 "
+               "devices at once (bench/device_queues.h; --size scales the 64 MiB per device, "
+               "--repeats and --json apply)");
   // Help that fits the terminal, as the ferry command's.
   app.formatter(std::make_shared<cli::WrappingHelpFormatter>());
 }
@@ -1155,6 +1161,13 @@ int RunBench(int argc, char** argv) {
   AddBenchOptions(app, options);
   CLI11_PARSE(app, argc, argv);
 
+  if (options.device_queues) {
+    DeviceQueuesOptions queues;
+    queues.bytes_per_device = static_cast<int64_t>(queues.bytes_per_device * options.scale);
+    queues.repeats = options.repeats;
+    queues.json_path = options.json_path;
+    return RunDeviceQueues(queues);
+  }
   const std::vector<CaseDefinition> cases = AllCases();
   if (options.list) {
     // Each case's description wrapped beside its name.

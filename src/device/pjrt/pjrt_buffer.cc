@@ -33,6 +33,7 @@ PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts)
           .device_name = device->name(),
           .lifetime = client->runtime()->lifetime(),
           .client = client,
+          .device = device,
           .size_bytes = size_bytes};
 }
 
@@ -129,7 +130,8 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
   }
   // Waited for on the staging worker (see StartRead for why the event is awaited).
   Promise<> done;
-  Status queued = source_.client->RunOnStagingWorker(
+  Status queued = source_.device->RunOnStagingWorker(
+      StagingDirection::kDeviceToHost,
       [handle = parts_.handle, offset_bytes, size_bytes, dst, done, name = device_name_,
        token = std::move(*token)](Status start) mutable {
         if (start.ok()) {
@@ -299,16 +301,18 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
     });
   }
 
-  // Every read through the plugin runs on the client's staging worker and waits for the plugin's
-  // event with PJRT_Event_Await: the XLA CPU plugin runs the continuations of a read's event
-  // before its copy has fully landed (seen here: bytes of the destination still unwritten inside
-  // the continuation, never after PJRT_Event_Await).
+  // Every read through the plugin runs on the device's device-to-host staging worker and waits for
+  // the plugin's event with PJRT_Event_Await: the XLA CPU plugin runs the continuations of a
+  // read's event before its copy has fully landed (seen here: bytes of the destination still
+  // unwritten inside the continuation, never after PJRT_Event_Await).
   if (!on_worker) {
-    return client_->RunOnStagingWorker([read = read](Status start) mutable {
-      if (start.ok()) start = StartRead(read, /*on_worker=*/true);
-      if (!start.ok()) read->Finish(std::move(start));
-      read.reset();
-    });
+    return source.device->RunOnStagingWorker(StagingDirection::kDeviceToHost,
+                                             [read = read](Status start) mutable {
+                                               if (start.ok())
+                                                 start = StartRead(read, /*on_worker=*/true);
+                                               if (!start.ok()) read->Finish(std::move(start));
+                                               read.reset();
+                                             });
   }
   const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
   if (dense_same_dtype || !client_->platform().has_raw_reads) {
@@ -328,7 +332,8 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
     return OkStatus();
   }
 
-  // Partial reads into the client's staging ring, each chunk converted into `dst` on this worker
+  // Partial reads into the device's device-to-host staging ring, each chunk converted into `dst`
+  // on this worker
   // once its event has been awaited, with up to kReadWindow reads in flight.
   struct PendingRead {
     PJRT_Event* event;
@@ -344,7 +349,7 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
   Promise<> pieces;
   auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
   Status started = StagedRead(
-      client_->staging(), device_dtype, dst,
+      source.device->staging(StagingDirection::kDeviceToHost), device_dtype, dst,
       [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
         while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
         auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);

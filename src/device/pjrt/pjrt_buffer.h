@@ -98,7 +98,7 @@ class PjrtBuffer final : public Buffer {
   // The PJRT_Buffer.
   StatusOr<NativeBufferHandle> NativeHandle() const override;
   // From the device memory where the host addresses it; else the plugin's partial read
-  // (PJRT_Buffer_CopyRawToHost, waited for on the client's staging worker).
+  // (PJRT_Buffer_CopyRawToHost, waited for on the device's device-to-host staging worker).
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
   // PJRT_Buffer_CopyToDevice on the plugin when `target` is a device of the same client (and the
   // plugin has it); through the host otherwise.
@@ -112,7 +112,9 @@ class PjrtBuffer final : public Buffer {
     PjrtBufferParts parts;
     std::string device_name;
     std::shared_ptr<ClientLifetime> lifetime;
-    PjrtClient* client;  // used only while a token of `lifetime` is held
+    // Used only while a token of `lifetime` is held (the client owns its devices).
+    PjrtClient* client;
+    const PjrtDevice* device;
     int64_t size_bytes;
   };
 
@@ -120,7 +122,7 @@ class PjrtBuffer final : public Buffer {
   class Read;
   // Starts `read` (after Ready()) and finishes it, or hands it to a piece that will (every piece
   // that outlives the call holds `read`). An error when it could not start. `on_worker` when this
-  // runs on the client's staging worker (reads that wait go there).
+  // runs on the device's device-to-host staging worker (reads that wait go there).
   static Status StartRead(const std::shared_ptr<Read>& read, bool on_worker);
 
   PjrtDevice* const device_;

@@ -195,7 +195,15 @@ PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
       kind_(std::move(kind)),
       memories_(std::move(memories)),
       capabilities_(std::move(capabilities)),
-      memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)) {}
+      memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)),
+      staging_{std::make_unique<StagingRing>(fmt::format("{} (host to device)", name_),
+                                             StagingChunkAllocator::Host()),
+               std::make_unique<StagingRing>(fmt::format("{} (device to host)", name_),
+                                             StagingChunkAllocator::Host())} {}
+
+void PjrtDevice::ShutdownStaging() {
+  for (const std::unique_ptr<StagingRing>& ring : staging_) ring->Shutdown();
+}
 
 Client* PjrtDevice::client() const { return client_; }
 
@@ -280,13 +288,11 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
 }
 
 PjrtClient::PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers)
-    : runtime_(std::move(runtime)),
-      staging_(std::make_unique<StagingRing>("the pjrt client", StagingChunkAllocator::Host())),
-      engine_(std::make_shared<TransferEngine>(num_workers)) {}
+    : runtime_(std::move(runtime)), engine_(std::make_shared<TransferEngine>(num_workers)) {}
 
 PjrtClient::~PjrtClient() {
   runtime_->lifetime()->Close();
-  staging_->Shutdown();
+  for (const std::unique_ptr<PjrtDevice>& device : devices_) device->ShutdownStaging();
   engine_->Shutdown();
   runtime_->lifetime()->WaitUntilIdle();
 }
@@ -515,9 +521,9 @@ void CompleteAliasingPut(const PJRT_Api& api, PluginPutEvents events, OnDoneWith
 
 // A copying put: `ready` completes once the data has arrived and on_done has returned, then
 // `token` is released. on_done runs on a runtime thread, never inside BufferFromHostBuffer (see
-// below), as kImmutableUntilTransferCompletes promises. Takes over both events; `client` outlives
-// them (its destructor waits for the token).
-void CompleteCopyingPut(PjrtClient& client, const PJRT_Api& api, PluginPutEvents events,
+// below), as kImmutableUntilTransferCompletes promises. Takes over both events; `device` outlives
+// them (its client's destructor waits for the token).
+void CompleteCopyingPut(const PjrtDevice& device, const PJRT_Api& api, PluginPutEvents events,
                         OnDoneWithHostBuffer on_done, const Promise<>& ready,
                         ClientLifetime::Token token, std::string_view tensor_name) {
   auto counter =
@@ -528,7 +534,8 @@ void CompleteCopyingPut(PjrtClient& client, const PJRT_Api& api, PluginPutEvents
   counter->Add();
   // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
   // ready at once and its continuation would run here, inside BufferFromHostBuffer: on_done
-  // then goes to the client's worker, a runtime thread, as kImmutableUntilTransferCompletes
+  // then goes to the device's host-to-device staging worker, a runtime thread, as
+  // kImmutableUntilTransferCompletes
   // promises.
   auto release_source = [counter, on_done = std::move(on_done)](Status status) mutable {
     if (on_done) {
@@ -539,14 +546,15 @@ void CompleteCopyingPut(PjrtClient& client, const PJRT_Api& api, PluginPutEvents
   };
   OnEventReady(
       api, events.done_with_host_buffer,
-      [client = &client, caller = std::this_thread::get_id(),
+      [device = &device, caller = std::this_thread::get_id(),
        release_source = std::move(release_source)](Status status) mutable {
         if (std::this_thread::get_id() != caller) {
           std::move(release_source)(std::move(status));
           return;
         }
         auto deferred = std::make_shared<decltype(release_source)>(std::move(release_source));
-        Status queued = client->RunOnStagingWorker(
+        Status queued = device->RunOnStagingWorker(
+            StagingDirection::kHostToDevice,
             [deferred, status](Status) mutable { std::move (*deferred)(std::move(status)); });
         // Only a closing client refuses: then run it here rather than never.
         if (!queued.ok()) std::move (*deferred)(std::move(status));
@@ -636,7 +644,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     CompleteAliasingPut(api, std::move(events), std::move(on_done), ready, std::move(token),
                         tensor_name);
   } else {
-    CompleteCopyingPut(*this, api, std::move(events), std::move(on_done), ready, std::move(token),
+    CompleteCopyingPut(*device, api, std::move(events), std::move(on_done), ready, std::move(token),
                        tensor_name);
   }
   return std::unique_ptr<Buffer>(new PjrtBuffer(device, std::move(parts)));
@@ -843,13 +851,13 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
   metrics::ConvertedTransfers()->Add();
 
-  // Streams every chunk through the shared staging ring (waiting for free chunks) into the
-  // writer: one TransferData per chunk, at its offset. A failure ends the fill with its error, so
-  // that nothing waits for bytes that will never come.
-  auto write_all = [this, src, device_dtype,
+  // Streams every chunk through the device's host-to-device staging ring (waiting for free
+  // chunks) into the writer: one TransferData per chunk, at its offset. A failure ends the fill
+  // with its error, so that nothing waits for bytes that will never come.
+  auto write_all = [device, src, device_dtype,
                     writer](const std::shared_ptr<PieceCounter>& counter) -> Status {
     Status result = StagedWrite(
-        *staging_, src, device_dtype,
+        device->staging(StagingDirection::kHostToDevice), src, device_dtype,
         [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone done) -> Status {
           if (piece.size_bytes == 0) {  // an empty tensor: the writer completed it at its start
             std::move(done)(OkStatus());
@@ -896,7 +904,8 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
     auto counter = std::make_shared<PieceCounter>(std::move(finish));
     counter->Done(write_all(counter));
   };
-  FERRY_RETURN_IF_ERROR(staging_->Submit(std::move(job)));
+  FERRY_RETURN_IF_ERROR(
+      device->RunOnStagingWorker(StagingDirection::kHostToDevice, std::move(job)));
   return buffer;
 }
 

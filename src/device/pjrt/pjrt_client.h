@@ -17,17 +17,20 @@
 //   whose on_delete gives the memory back). The plugin's own upload writes fresh pages every time.
 // - same dtype, native byte order, strides in whole elements: the plugin's BufferFromHostBuffer
 //   with the source's byte strides; on_done from done_with_host_buffer.
-// - anything else (a conversion, a byte-swapped file, odd strides): chunks of the client's
-//   staging ring (src/device/staging_ring.h, shared with OpenCL) filled by the fused copy-convert
+// - anything else (a conversion, a byte-swapped file, odd strides): chunks of the device's
+//   host-to-device staging ring (src/device/staging_ring.h, shared with OpenCL) filled by the
+//   fused copy-convert
 //   and fed to the plugin's transfer manager (CreateBuffersForAsyncHostToDevice +
 //   TransferData): never a full-size temporary.
 // Every argument is checked before it reaches the plugin (the plugins crash on bad input).
 //
 // Threads: the plugin's event continuations run on_done and complete Ready() (PJRT's own
-// threads: the GIL deadlock path, for real); staged asynchronous transfers run on the staging
-// ring's worker thread; the direct path on the transfer engine's workers.
+// threads: the GIL deadlock path, for real); staged asynchronous transfers, and reads the host
+// cannot address, run on their device's staging worker for that direction (one thread per device
+// and direction, started on first use); the direct path on the transfer engine's workers.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -79,6 +82,10 @@ struct PjrtMemorySpace {
 // are host memory ("cpu": Buffer::DataAddress gives those only where ferry reads them itself).
 std::optional<AddressSpace> DeviceAddressSpaceOf(std::string_view platform_name);
 
+// The two directions a device's staged transfers go in; each has its own staging ring and worker,
+// as PJRT's own clients keep a host-to-device and a device-to-host stream per device.
+enum class StagingDirection { kHostToDevice, kDeviceToHost };
+
 class PjrtDevice final : public Device {
  public:
   PjrtDevice(PjrtClient* client, int index, PJRT_Device* device, PJRT_Memory* default_memory,
@@ -106,6 +113,21 @@ class PjrtDevice final : public Device {
   // The PJRT memory of `kind` (the default for an empty kind); null when there is none.
   PJRT_Memory* FindMemory(std::string_view kind) const;
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
+  // This device's staging ring for `direction` (host chunks; src/device/staging_ring.h) and its
+  // worker: staged puts to the device and reads the host cannot address, each device and
+  // direction on a thread of its own, so that one device's reads never queue behind another's
+  // (or behind its own puts). The chunks and the thread are made on first use.
+  StagingRing& staging(StagingDirection direction) const {
+    return *staging_[static_cast<int>(direction)];
+  }
+  // Runs `job` on that ring's worker (work that may wait for staging chunks or for a plugin
+  // event, and so must not run on a plugin thread). FailedPrecondition once the client is
+  // shutting down.
+  Status RunOnStagingWorker(StagingDirection direction, StagingRing::Job job) const {
+    return staging(direction).Submit(std::move(job));
+  }
+  // Stops both rings' workers (the client's shutdown); the chunks go with the device.
+  void ShutdownStaging();
 
  private:
   PjrtClient* const client_;
@@ -117,6 +139,7 @@ class PjrtDevice final : public Device {
   const std::vector<PjrtMemorySpace> memories_;
   const DeviceCapabilities capabilities_;
   const std::shared_ptr<MemoryAccount> memory_;
+  const std::array<std::unique_ptr<StagingRing>, 2> staging_;
 };
 
 class PjrtClient final : public Client {
@@ -150,13 +173,7 @@ class PjrtClient final : public Client {
 
   const PjrtPlatformInfo& platform() const { return platform_; }
   const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }
-  // The client's staging ring (host chunks; src/device/staging_ring.h) and its worker.
-  StagingRing& staging() { return *staging_; }
   const std::shared_ptr<TransferEngine>& engine() const { return engine_; }
-  // Runs `job` on the staging ring's worker (work that may wait for staging chunks or for a
-  // plugin event, and so must not run on a plugin thread). FailedPrecondition once the client is
-  // shutting down.
-  Status RunOnStagingWorker(StagingRing::Job job) { return staging_->Submit(std::move(job)); }
 
  private:
   explicit PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers);
@@ -202,7 +219,6 @@ class PjrtClient final : public Client {
   PjrtPlatformInfo platform_;
   std::vector<std::unique_ptr<PjrtDevice>> devices_;
   std::vector<Device*> device_pointers_;
-  std::unique_ptr<StagingRing> staging_;
   std::shared_ptr<TransferEngine> engine_;
 };
 
