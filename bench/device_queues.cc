@@ -132,9 +132,10 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
   // put_one (1.0: the devices queue behind one another; n: they run fully side by side).
   const double put_scaling = n * put_one / put_all;
   const double read_scaling = n * read_one / read_all;
-  fmt::print("device queues: {} {:.0f} MiB float32 per device, stored as bfloat16 (staged), medians "
-             "of {}\n",
-             options.backend, mib, options.repeats);
+  fmt::print(
+      "device queues: {} {:.0f} MiB float32 per device, stored as bfloat16 (staged), medians "
+      "of {}\n",
+      options.backend, mib, options.repeats);
   fmt::print("{:<28}{:>14}{:>18}{:>12}\n", "transfer", "one device", fmt::format("{} at once", n),
              "scaling");
   fmt::print("{:<28}{:>11.1f} ms{:>15.1f} ms{:>11.2f}x\n", "staged put (f32 -> bf16)",
