@@ -288,12 +288,12 @@ StatusOr<std::unique_ptr<Client>> PjrtClient::Create(const ClientOptions& option
 }
 
 PjrtClient::PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers)
-    : runtime_(std::move(runtime)), engine_(std::make_shared<TransferEngine>(num_workers)) {}
+    : runtime_(std::move(runtime)), num_workers_(num_workers) {}
 
 PjrtClient::~PjrtClient() {
   runtime_->lifetime()->Close();
   for (const std::unique_ptr<PjrtDevice>& device : devices_) device->ShutdownStaging();
-  engine_->Shutdown();
+  if (engine_ != nullptr) engine_->Shutdown();
   runtime_->lifetime()->WaitUntilIdle();
 }
 
@@ -306,6 +306,9 @@ Status PjrtClient::Initialize(const ClientOptions& options) {
                                  options.pjrt_direct_host_access.value_or(true) &&
                                  FERRY_PJRT_HAS(library, PJRT_Client_CreateViewOfDeviceBuffer) &&
                                  FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
+  // The CPU copy engine's threads serve only memory the host addresses (the direct path, reads of
+  // a CPU plugin's buffers): a plugin whose buffers are elsewhere (a GPU's) starts none.
+  if (platform_.buffers_on_cpu) engine_ = std::make_shared<TransferEngine>(num_workers_);
   return OkStatus();
 }
 

@@ -173,6 +173,9 @@ class PjrtClient final : public Client {
 
   const PjrtPlatformInfo& platform() const { return platform_; }
   const std::shared_ptr<PjrtRuntime>& runtime() const { return runtime_; }
+  // The CPU copy engine (src/device/transfer_engine.h) for memory the host addresses; null when
+  // the plugin's buffers are not in host memory (platform().buffers_on_cpu is false), which never
+  // hands the host an address to copy from.
   const std::shared_ptr<TransferEngine>& engine() const { return engine_; }
 
  private:
@@ -219,6 +222,8 @@ class PjrtClient final : public Client {
   PjrtPlatformInfo platform_;
   std::vector<std::unique_ptr<PjrtDevice>> devices_;
   std::vector<Device*> device_pointers_;
+  const int num_workers_;
+  // Made by Initialize when the plugin's buffers are in host memory; see engine().
   std::shared_ptr<TransferEngine> engine_;
 };
 
