@@ -9,6 +9,7 @@
 #include "fmt/ranges.h"
 #include "src/core/byte_swap.h"
 #include "src/core/convert_simd.h"
+#include "src/core/exact_denormals.h"
 
 namespace ferry {
 
@@ -107,6 +108,8 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
 
 void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
   if (begin >= end) return;
+  // Exact whatever the calling thread's mode (a plugin's thread may flush denormals).
+  const internal::ScopedExactDenormals exact_denormals;
   const size_t rank = dims_.size();
   const int64_t row = dims_[rank - 1];
   const int64_t src_step = src_strides_[rank - 1];

@@ -1,6 +1,7 @@
 #include "ferry/core/copy_convert.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iostream>
@@ -14,6 +15,10 @@
 #include "fmt/ranges.h"
 #include "gtest/gtest.h"
 #include "src/core/byte_swap.h"
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace ferry {
 namespace {
@@ -50,6 +55,42 @@ std::vector<std::byte> RandomBytes(std::mt19937_64& rng, size_t size) {
   for (auto& b : bytes) b = static_cast<std::byte>(rng());
   return bytes;
 }
+
+#if defined(__x86_64__)
+// A thread that flushes denormals (MXCSR's flush-to-zero and denormals-are-zero bits, as XLA's
+// compute threads set them, and as every thread they start inherits) still converts exactly:
+// ferry's conversions run on plugin threads (event continuations) and on ferry threads started
+// from them.
+TEST(CopyConvertTest, DenormalsConvertExactlyOnAThreadThatFlushesThem) {
+  const unsigned saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+  const std::vector<float> tiny = {-1.0e-40f, 1.4e-45f, 5.0e-39f, -0.0f, 1.0f};
+  std::vector<double> widened(tiny.size(), 7.0);
+  StatusOr<CopyConvertPlan> widen =
+      CopyConvertPlan::Create(HostView::Dense(tiny.data(), DType::kF32, {5}),
+                              MutableHostView::Dense(widened.data(), DType::kF64, {5}));
+  std::vector<double> narrow_source = {-1.0e-40, 1.0e-44, 3.0e-39};
+  std::vector<float> narrowed(narrow_source.size(), 7.0f);
+  StatusOr<CopyConvertPlan> narrow =
+      CopyConvertPlan::Create(HostView::Dense(narrow_source.data(), DType::kF64, {3}),
+                              MutableHostView::Dense(narrowed.data(), DType::kF32, {3}));
+  if (widen.ok()) widen->CopyAll();
+  if (narrow.ok()) narrow->CopyAll();
+  const unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  ASSERT_TRUE(widen.ok()) << widen.status();
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  EXPECT_EQ(after & 0x8040u, 0x8040u) << "the caller's mode is given back as it was";
+  for (size_t i = 0; i < tiny.size(); ++i) {
+    EXPECT_EQ(widened[i], static_cast<double>(tiny[i])) << "element " << i;
+    EXPECT_EQ(std::signbit(widened[i]), std::signbit(tiny[i])) << "element " << i;
+  }
+  for (size_t i = 0; i < narrow_source.size(); ++i) {
+    EXPECT_EQ(narrowed[i], static_cast<float>(narrow_source[i])) << "element " << i;
+    EXPECT_NE(narrowed[i], 0.0f) << "element " << i << " flushed to zero";
+  }
+}
+#endif
 
 TEST(CopyConvertTest, ContiguousSameDtypeIsOneRun) {
   std::vector<float> src(100), dst(100);
