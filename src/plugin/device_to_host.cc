@@ -22,16 +22,6 @@ struct ReadableBuffer {
   Dims dims;
 };
 
-bool IsRowMajorUntiled(const PJRT_Buffer_MemoryLayout& layout, size_t num_dims) {
-  if (layout.type != PJRT_Buffer_MemoryLayout_Type_Tiled) return false;
-  const PJRT_Buffer_MemoryLayout_Tiled& tiled = layout.tiled;
-  if (tiled.num_tiles != 0 || tiled.minor_to_major_size != num_dims) return false;
-  for (size_t i = 0; i < num_dims; ++i) {
-    if (tiled.minor_to_major[i] != static_cast<int64_t>(num_dims - 1 - i)) return false;
-  }
-  return true;
-}
-
 void ReleaseHold(const PJRT_Api& api, PJRT_Buffer* buffer) {
   auto release = FERRY_PJRT_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount_Args);
   release.buffer = buffer;
@@ -69,7 +59,7 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
   auto layout = FERRY_PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
   layout.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_GetMemoryLayout(&layout)).ok() ||
-      !IsRowMajorUntiled(layout.layout, dims.num_dims)) {
+      !pjrt::IsRowMajorUntiled(layout.layout, dims.num_dims)) {
     return std::nullopt;
   }
   // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
@@ -173,7 +163,8 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   if (!source.has_value()) return ByPlugin(api, args);
   // A host layout asked for is honoured here only when it is the buffer's own (row-major,
   // untiled: what torch_xla always passes); any other is the plugin's to lay out.
-  if (args->host_layout != nullptr && !IsRowMajorUntiled(*args->host_layout, source->dims.size())) {
+  if (args->host_layout != nullptr &&
+      !pjrt::IsRowMajorUntiled(*args->host_layout, source->dims.size())) {
     ReleaseHold(api, args->src);
     return ByPlugin(api, args);
   }

@@ -73,6 +73,59 @@ TEST(PjrtTest, DevicesDescribeThePluginAndItsPlatform) {
   EXPECT_THAT(description, HasSubstr("pinned_host"));
 }
 
+// The CPU plugins lay their buffers out row-major (the probe buffer's PJRT_Buffer_GetMemoryLayout
+// says so), so ferry's raw paths run; told not to rely on it (a TPU's tiled layouts), ferry takes
+// the plugin's layout-aware entries for every transfer, a converting put and a strided,
+// converting read and a partial read included, with the same bytes as the oracle.
+TEST(PjrtTest, LayoutsAreProbedAndTheLayoutAwarePathsGiveTheSameBytes) {
+  {
+    PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});
+    if (probe->devices()[0]->description().rfind("cpu ", 0) != 0) {
+      GTEST_SKIP() << "the layouts checked here are the CPU plugins'";
+    }
+    EXPECT_THAT(probe->devices()[0]->description(), HasSubstr("row-major layouts"));
+  }
+  PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_row_major_layouts = false});
+  Device* device = client->devices()[0];
+  EXPECT_THAT(device->description(), HasSubstr("layouts left to the plugin"));
+  EXPECT_THAT(device->description(), HasSubstr("plugin transfers"));
+
+  // float64 [6, 10], put as float32 from its transpose view (converting and strided).
+  std::vector<double> values(60);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i) * 0.5 - 7.0;
+  const HostView transposed(values.data(), DType::kF64, {10, 6}, {8, 80});
+  StatusOr<std::unique_ptr<Buffer>> buffer = client->BufferFromHostBuffer(
+      transposed, DType::kF32, device, HostBufferSemantics::kImmutableUntilTransferCompletes,
+      nullptr, "transposed");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE((*buffer)->Ready().Await().ok());
+
+  // A converting, strided read: back to float64, into a column-major destination.
+  std::vector<double> back(60, -1.0);
+  const MutableHostView column_major(back.data(), DType::kF64, {10, 6}, {8, 80});
+  ASSERT_TRUE((*buffer)->ToHost(column_major).Await().ok());
+  EXPECT_EQ(back, values) << "the transpose of the transpose is the source";
+
+  // A dense read in the device dtype, and a partial read of the dense row-major bytes.
+  std::vector<float> dense(60);
+  ASSERT_TRUE(
+      (*buffer)->ToHost(MutableHostView::Dense(dense.data(), DType::kF32, {10, 6})).Await().ok());
+  for (int64_t row = 0; row < 10; ++row) {
+    for (int64_t column = 0; column < 6; ++column) {
+      EXPECT_EQ(dense[row * 6 + column], static_cast<float>(values[column * 10 + row]));
+    }
+  }
+  std::vector<float> part(7);
+  ASSERT_TRUE((*buffer)->CopyRawToHost(13 * 4, 7 * 4, part.data()).Await().ok());
+  EXPECT_EQ(part, std::vector<float>(dense.begin() + 13, dense.begin() + 20));
+
+  // Create-then-fill writes at byte offsets: refused with the reason.
+  StatusOr<std::unique_ptr<BufferWriter>> writer =
+      client->CreateBufferWriter(DType::kF32, {4, 4}, device, "", "filled");
+  EXPECT_EQ(writer.status().code(), absl::StatusCode::kUnimplemented) << writer.status();
+  EXPECT_THAT(std::string(writer.status().message()), HasSubstr("row-major"));
+}
+
 TEST(PjrtTest, DeviceCountIsAPluginOption) {
   {
     PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});

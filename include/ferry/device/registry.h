@@ -48,6 +48,13 @@ struct ClientOptions {
   // false: always through the plugin's own transfer entries, as on a GPU (tests use it to run
   // those paths here).
   std::optional<bool> pjrt_direct_host_access = std::nullopt;
+  // pjrt: whether ferry may address the plugin's buffers as dense row-major arrays (its raw paths:
+  // partial reads and chunked writes at byte offsets, direct host access, device pointers).
+  // nullopt (or true): where the plugin lays out a probe buffer that way (its
+  // PJRT_Buffer_GetMemoryLayout: row-major, no tiles, as the CPU and GPU plugins do; a TPU's tiled
+  // layouts are not); false: never, so that every transfer takes the plugin's layout-aware entries
+  // (tests use it to run those paths here).
+  std::optional<bool> pjrt_row_major_layouts = std::nullopt;
 };
 
 // Creates a client. The caller owns it. Returns Unavailable (with the reason) for a backend that

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ferry/core/copy_convert.h"
+#include "ferry/core/host_tensor.h"
 #include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
 #include "fmt/format.h"
@@ -35,6 +36,23 @@ PjrtBuffer::ReadSource MakeReadSource(PjrtDevice* device, PjrtBufferParts parts)
           .client = client,
           .device = device,
           .size_bytes = size_bytes};
+}
+
+// Reads the whole buffer, dense and row-major in its device dtype, into `dst` (`size_bytes`)
+// through the plugin's ToHostBuffer, which lays it out whatever the device's layout is: with an
+// explicit row-major host layout where the device's may be another (without one the plugin
+// writes the device's own). Waits for the read on this thread.
+Status ReadDenseThroughPlugin(const PjrtBufferHandle& handle, size_t rank, void* dst,
+                              int64_t size_bytes, bool ask_row_major, std::string_view what) {
+  const PJRT_Api& api = handle.runtime().api();
+  RowMajorLayout host_layout(rank);
+  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = handle.get();
+  if (ask_row_major) args.host_layout = host_layout.get();
+  args.dst = dst;
+  args.dst_size = static_cast<size_t>(size_bytes);
+  FERRY_RETURN_IF_ERROR(handle.runtime().Check(api.PJRT_Buffer_ToHostBuffer(&args), what));
+  return AwaitEvent(api, args.event, what);
 }
 
 }  // namespace
@@ -71,6 +89,12 @@ StatusOr<BufferAddress> PjrtBuffer::DataAddress() const {
   }
   const PjrtClient& client = *source_.client;
   const std::optional<AddressSpace> space = DeviceAddressSpaceOf(client.platform().platform_name);
+  if (space.has_value() && !client.platform().row_major_layouts) {
+    return UnimplementedError(fmt::format(
+        "DataAddress: {} does not lay its buffers out as dense row-major arrays, which is what an "
+        "address means to DLPack and to ferry",
+        device_name_));
+  }
   if (!space.has_value()) {
     return UnimplementedError(fmt::format(
         "DataAddress: the memory of {} (platform {}) has no address ferry can hand out{}",
@@ -124,12 +148,35 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
     std::memcpy(dst, parts_.host_address + offset_bytes, static_cast<size_t>(size_bytes));
     return Future<>::Ready(OkStatus());
   }
-  if (!source_.client->platform().has_raw_reads) {
-    return Future<>::Ready(UnimplementedError(fmt::format(
-        "CopyRawToHost from {}: the plugin has no PJRT_Buffer_CopyRawToHost", device_name_)));
+  const PjrtPlatformInfo& platform = source_.client->platform();
+  Promise<> done;
+  if (!platform.has_raw_reads || !platform.row_major_layouts) {
+    // No partial read at byte offsets (the plugin lacks it, or its layout is not the dense
+    // row-major one the offsets mean): the whole buffer through ToHostBuffer, then the range.
+    Status queued = source_.device->RunOnStagingWorker(
+        StagingDirection::kDeviceToHost,
+        [handle = parts_.handle, rank = parts_.dims.size(), total = size_bytes_, offset_bytes,
+         size_bytes, dst, done, row_major = platform.row_major_layouts,
+         what = fmt::format("CopyRawToHost from {} (a whole read)", device_name_),
+         token = std::move(*token)](Status start) mutable {
+          if (start.ok()) {
+            StatusOr<HostTensor> whole = HostTensor::Allocate(DType::kU8, {total});
+            start = whole.status();
+            if (start.ok()) {
+              start = ReadDenseThroughPlugin(*handle, rank, whole->data(), total, !row_major, what);
+            }
+            if (start.ok()) {
+              std::memcpy(dst, whole->data() + offset_bytes, static_cast<size_t>(size_bytes));
+            }
+          }
+          handle.reset();  // the buffer is let go of before the read is reported done
+          done.Set(std::move(start));
+          token.Release();
+        });
+    if (!queued.ok()) return Future<>::Ready(std::move(queued));
+    return done.future();
   }
   // Waited for on the staging worker (see StartRead for why the event is awaited).
-  Promise<> done;
   Status queued = source_.device->RunOnStagingWorker(
       StagingDirection::kDeviceToHost,
       [handle = parts_.handle, offset_bytes, size_bytes, dst, done, name = device_name_,
@@ -191,9 +238,13 @@ StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
       client->runtime()->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "Buffer_ReadyEvent"));
   Promise<> ready;
   parts.ready = ready.future();
+  // The copy holds the source buffer until it has arrived: a plugin may read it after the call
+  // (asynchronously), and destroying it first can free what it reads (seen with the CPU plugin: a
+  // source that aliases host memory gives that memory back when it is destroyed).
   OnEventReady(
       api, ready_args.event,
-      [ready, token = std::move(token)](Status status) mutable {
+      [ready, source = parts_.handle, token = std::move(token)](Status status) mutable {
+        source.reset();
         ready.Set(std::move(status));  // before the token: the client waits for both
         token.Release();
       },
@@ -315,20 +366,25 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
                                              });
   }
   const bool dense_same_dtype = dst.dtype == device_dtype && dst.IsRowMajorDense();
-  if (dense_same_dtype || !client_->platform().has_raw_reads) {
-    if (!dense_same_dtype) {
-      return UnimplementedError(fmt::format(
-          "ToHost from {}: a strided or converting read needs PJRT_Buffer_CopyRawToHost, which "
-          "the plugin lacks; read it densely in {}",
-          device_name_, DTypeName(device_dtype)));
+  const PjrtPlatformInfo& platform = client_->platform();
+  const std::string what = fmt::format("ToHostBuffer from {}", device_name_);
+  if (dense_same_dtype) {
+    read->Finish(ReadDenseThroughPlugin(handle, parts_.dims.size(), dst.data, size_bytes_,
+                                        !platform.row_major_layouts, what));
+    return OkStatus();
+  }
+  if (!platform.has_raw_reads || !platform.row_major_layouts) {
+    // No partial reads at byte offsets (see CopyRawToHost): the whole buffer into a dense
+    // temporary in the device dtype, then converted into `dst` on this worker.
+    FERRY_ASSIGN_OR_RETURN(HostTensor whole, HostTensor::Allocate(device_dtype, parts_.dims));
+    Status status = ReadDenseThroughPlugin(handle, parts_.dims.size(), whole.data(), size_bytes_,
+                                           !platform.row_major_layouts, what);
+    if (status.ok()) {
+      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(whole.view(), dst);
+      status = plan.status();
+      if (status.ok()) plan->CopyAll();
     }
-    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-    args.src = handle.get();
-    args.dst = dst.data;
-    args.dst_size = static_cast<size_t>(size_bytes_);
-    FERRY_RETURN_IF_ERROR(handle.runtime().Check(
-        api.PJRT_Buffer_ToHostBuffer(&args), fmt::format("ToHostBuffer from {}", device_name_)));
-    read->Finish(AwaitEvent(api, args.event, fmt::format("ToHostBuffer from {}", device_name_)));
+    read->Finish(std::move(status));
     return OkStatus();
   }
 
@@ -340,11 +396,11 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
     ChunkDone landed;
   };
   std::deque<PendingRead> pending;
-  const std::string what = fmt::format("CopyRawToHost from {}", device_name_);
+  const std::string raw_what = fmt::format("CopyRawToHost from {}", device_name_);
   auto land_oldest = [&] {
     PendingRead oldest = std::move(pending.front());
     pending.pop_front();
-    std::move(oldest.landed)(AwaitEvent(api, oldest.event, what));
+    std::move(oldest.landed)(AwaitEvent(api, oldest.event, raw_what));
   };
   Promise<> pieces;
   auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
@@ -357,7 +413,8 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
         args.dst = chunk.host;
         args.offset = piece.offset_bytes;
         args.transfer_size = piece.size_bytes;
-        FERRY_RETURN_IF_ERROR(handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
+        FERRY_RETURN_IF_ERROR(
+            handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), raw_what));
         pending.push_back({args.event, std::move(landed)});
         return OkStatus();
       },

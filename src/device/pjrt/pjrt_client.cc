@@ -255,10 +255,11 @@ std::string PjrtDevice::description() const {
   std::string plugin = platform.plugin_path;
   if (size_t slash = plugin.rfind('/'); slash != std::string::npos)
     plugin = plugin.substr(slash + 1);
-  return fmt::format("{} {} (PJRT {} API {}.{}; memories {}; {})", platform.platform_name, kind_,
-                     plugin, platform.api_major, platform.api_minor,
-                     fmt::join(MemoryKinds(memories_), ","),
-                     platform.direct_host_access ? "direct host access" : "plugin transfers");
+  return fmt::format(
+      "{} {} (PJRT {} API {}.{}; memories {}; {}; {})", platform.platform_name, kind_, plugin,
+      platform.api_major, platform.api_minor, fmt::join(MemoryKinds(memories_), ","),
+      platform.direct_host_access ? "direct host access" : "plugin transfers",
+      platform.row_major_layouts ? "row-major layouts" : "layouts left to the plugin");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -300,9 +301,11 @@ PjrtClient::~PjrtClient() {
 Status PjrtClient::Initialize(const ClientOptions& options) {
   FERRY_RETURN_IF_ERROR(ReadPlatformInfo());
   FERRY_RETURN_IF_ERROR(AddDevices(options));
-  FERRY_RETURN_IF_ERROR(ProbeWhereBuffersLive());
+  FERRY_RETURN_IF_ERROR(ProbeBuffers());
   const PjrtLibrary& library = runtime_->library();
-  platform_.direct_host_access = platform_.buffers_on_cpu &&
+  platform_.row_major_layouts =
+      platform_.row_major_layouts && options.pjrt_row_major_layouts.value_or(true);
+  platform_.direct_host_access = platform_.buffers_on_cpu && platform_.row_major_layouts &&
                                  options.pjrt_direct_host_access.value_or(true) &&
                                  FERRY_PJRT_HAS(library, PJRT_Client_CreateViewOfDeviceBuffer) &&
                                  FERRY_PJRT_HAS(library, PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
@@ -368,27 +371,45 @@ Status PjrtClient::AddDevices(const ClientOptions& options) {
   return OkStatus();
 }
 
-Status PjrtClient::ProbeWhereBuffersLive() {
+Status PjrtClient::ProbeBuffers() {
   const PJRT_Api& api = runtime_->api();
-  if (!FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_IsOnCpu)) return OkStatus();
-  alignas(64) static const float kProbe[1] = {0.0f};
-  const int64_t dims[1] = {1};
+  const PjrtLibrary& library = runtime_->library();
+  // Without the layout entry: the layouts XLA's CPU and GPU plugins give by default.
+  const std::string& platform = platform_.platform_name;
+  platform_.row_major_layouts =
+      platform == "cpu" || platform == "cuda" || platform == "gpu" || platform == "rocm";
+  if (!FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu) &&
+      !FERRY_PJRT_HAS(library, PJRT_Buffer_GetMemoryLayout)) {
+    return OkStatus();
+  }
+  // Two dims, neither a multiple of a tile: a tiled or column-major layout shows.
+  alignas(64) static const float kProbe[15] = {};
+  const int64_t dims[2] = {3, 5};
   auto put = FERRY_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   put.client = runtime_->client();
   put.data = kProbe;
   put.type = PJRT_Buffer_Type_F32;
   put.dims = dims;
-  put.num_dims = 1;
+  put.num_dims = 2;
   put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
   put.device = devices_[0]->pjrt_device();
   FERRY_RETURN_IF_ERROR(
       runtime_->Check(api.PJRT_Client_BufferFromHostBuffer(&put), "probe BufferFromHostBuffer"));
   AwaitEvent(api, put.done_with_host_buffer, "probe").IgnoreError();
   PjrtBufferHandle probe(runtime_, put.buffer);
-  auto on_cpu = FERRY_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
-  on_cpu.buffer = put.buffer;
-  if (runtime_->Check(api.PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu").ok()) {
-    platform_.buffers_on_cpu = on_cpu.is_on_cpu;
+  if (FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu)) {
+    auto on_cpu = FERRY_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
+    on_cpu.buffer = put.buffer;
+    if (runtime_->Check(api.PJRT_Buffer_IsOnCpu(&on_cpu), "IsOnCpu").ok()) {
+      platform_.buffers_on_cpu = on_cpu.is_on_cpu;
+    }
+  }
+  if (FERRY_PJRT_HAS(library, PJRT_Buffer_GetMemoryLayout)) {
+    auto layout = FERRY_PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
+    layout.buffer = put.buffer;
+    platform_.row_major_layouts =
+        runtime_->Check(api.PJRT_Buffer_GetMemoryLayout(&layout), "GetMemoryLayout").ok() &&
+        IsRowMajorUntiled(layout.layout, 2);
   }
   return OkStatus();
 }
@@ -406,7 +427,7 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
     // copy after the call. Elsewhere (every GPU plugin) the plugin copies anyway: the put is a
     // copy, reserved up front and counted as a fallback like any source that cannot alias.
     const bool alias_visible =
-        platform_.buffers_on_cpu &&
+        platform_.buffers_on_cpu && platform_.row_major_layouts &&
         FERRY_PJRT_HAS(runtime_->library(), PJRT_Buffer_OpaqueDeviceMemoryDataPointer);
     const bool aliasable = alias_visible && same_dtype && src.IsRowMajorDense() &&
                            src.IsNativeByteOrder() && src.num_elements() > 0 &&
@@ -423,7 +444,34 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
   if (same_dtype && (PluginCanReadStrides(src) || src.num_elements() == 0)) {
     return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
   }
+  if (!platform_.row_major_layouts || !platform_.has_transfer_manager) {
+    return PutConvertedThroughPlugin(src, device_dtype, pjrt_device, semantics, std::move(on_done),
+                                     tensor_name);
+  }
   return PutStaged(src, device_dtype, pjrt_device, semantics, std::move(on_done), tensor_name);
+}
+
+StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutConvertedThroughPlugin(
+    const HostView& src, DType device_dtype, PjrtDevice* device, HostBufferSemantics semantics,
+    OnDoneWithHostBuffer on_done, std::string_view tensor_name) {
+  // The whole tensor converted into dense host memory on this thread (the source is read when
+  // this returns), which the plugin then lays out itself; the temporary lives until the plugin is
+  // done with it, and `on_done` runs then, on the thread PutThroughPlugin says.
+  FERRY_ASSIGN_OR_RETURN(auto converted, HostTensor::Allocate(device_dtype, src.dims));
+  FERRY_ASSIGN_OR_RETURN(CopyConvertPlan plan,
+                         CopyConvertPlan::Create(src, converted.mutable_view()));
+  plan.CopyAll();
+  auto held = std::make_shared<HostTensor>(std::move(converted));
+  const HostView dense = held->view();
+  OnDoneWithHostBuffer release = [held = std::move(held), on_done = std::move(on_done)]() mutable {
+    held.reset();
+    if (on_done) std::move(on_done)();
+  };
+  if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
+    semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  }
+  metrics::ConvertedTransfers()->Add();
+  return PutThroughPlugin(dense, device, semantics, std::move(release), tensor_name);
 }
 
 namespace {
@@ -933,6 +981,15 @@ StatusOr<std::unique_ptr<BufferWriter>> PjrtClient::StartWriter(
         "tensor '{}': create-then-fill on {} needs the plugin's transfer manager and memories "
         "(PJRT API 0.5x+), which {} lacks",
         tensor_name, device->name(), platform_.plugin_path));
+  }
+  if (!platform_.row_major_layouts) {
+    // Each write lands at a byte offset of the dense row-major array, which a tiled device
+    // layout does not have.
+    return UnimplementedError(fmt::format(
+        "tensor '{}': create-then-fill on {} writes at byte offsets of a row-major array, and "
+        "the plugin does not lay its buffers out that way (its tiled or reordered layouts need "
+        "the whole tensor at once: put it into the default memory)",
+        tensor_name, device->name()));
   }
   FERRY_ASSIGN_OR_RETURN(
       ClientLifetime::Token token,

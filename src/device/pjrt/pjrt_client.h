@@ -62,8 +62,17 @@ struct PjrtPlatformInfo {
   std::string platform_version;  // the plugin's own words
   // The plugin's buffers live in host memory (PJRT_Buffer_IsOnCpu of a probe buffer).
   bool buffers_on_cpu = false;
-  // ferry writes and reads device memory itself (buffers_on_cpu, the entries it needs are there,
-  // and ClientOptions::pjrt_direct_host_access allows it).
+  // The plugin lays its buffers out as dense row-major arrays (a 2-d probe buffer's
+  // PJRT_Buffer_GetMemoryLayout is row-major and untiled; without that entry, the CPU and GPU
+  // platforms' known default) and ClientOptions::pjrt_row_major_layouts allows relying on it.
+  // Every raw path needs it: partial reads and chunked writes at byte offsets, direct host access,
+  // zero-copy aliases, device pointers. Without it each transfer takes the plugin's own
+  // layout-aware entries: ToHostBuffer with a row-major host_layout (into a dense temporary when
+  // the destination is strided or of another dtype), BufferFromHostBuffer (from a converted dense
+  // temporary when the device stores another dtype).
+  bool row_major_layouts = false;
+  // ferry writes and reads device memory itself (buffers_on_cpu, row_major_layouts, the entries it
+  // needs are there, and ClientOptions::pjrt_direct_host_access allows it).
   bool direct_host_access = false;
   // The plugin has the transfer manager entries (create-then-fill in chunks).
   bool has_transfer_manager = false;
@@ -187,9 +196,9 @@ class PjrtClient final : public Client {
   // One PjrtDevice per addressable PJRT device (the first options.num_devices of them when that
   // is given), owned by devices_. Unavailable when that leaves none.
   Status AddDevices(const ClientOptions& options);
-  // platform_.buffers_on_cpu, from a one-element buffer put on the first device and destroyed
-  // before this returns; false when the plugin cannot say.
-  Status ProbeWhereBuffersLive();
+  // platform_.buffers_on_cpu and platform_.row_major_layouts, from a 3x5 buffer put on the first
+  // device and destroyed before this returns (buffers_on_cpu false when the plugin cannot say).
+  Status ProbeBuffers();
   // Where the plugin keeps `buffer` in host memory: only where its buffers are on the CPU and it
   // can tell; null otherwise. The plugin owns that memory, valid while `buffer` lives.
   std::byte* HostAddressOf(PJRT_Buffer* buffer) const;
@@ -202,6 +211,12 @@ class PjrtClient final : public Client {
                                               PjrtDevice* device, HostBufferSemantics semantics,
                                               OnDoneWithHostBuffer on_done,
                                               std::string_view tensor_name);
+  // Converting or re-striding puts where the staged path cannot run (the plugin's layouts are not
+  // row-major, or it has no transfer manager): the source converted into a dense temporary in the
+  // device dtype, which the plugin's BufferFromHostBuffer lays out.
+  StatusOr<std::unique_ptr<Buffer>> PutConvertedThroughPlugin(
+      const HostView& src, DType device_dtype, PjrtDevice* device, HostBufferSemantics semantics,
+      OnDoneWithHostBuffer on_done, std::string_view tensor_name);
   // Converting or re-striding puts: the source streamed through the staging ring into a writer
   // (StartWriter), one TransferData per chunk.
   StatusOr<std::unique_ptr<Buffer>> PutStaged(const HostView& src, DType device_dtype,

@@ -59,6 +59,25 @@ Status ErrorToStatus(const PJRT_Api& api, PJRT_Error* error, std::string_view wh
   return status;
 }
 
+bool IsRowMajorUntiled(const PJRT_Buffer_MemoryLayout& layout, size_t rank) {
+  if (layout.type != PJRT_Buffer_MemoryLayout_Type_Tiled) return false;
+  const PJRT_Buffer_MemoryLayout_Tiled& tiled = layout.tiled;
+  if (tiled.num_tiles != 0 || tiled.minor_to_major_size != rank) return false;
+  for (size_t i = 0; i < rank; ++i) {
+    if (tiled.minor_to_major[i] != static_cast<int64_t>(rank - 1 - i)) return false;
+  }
+  return true;
+}
+
+RowMajorLayout::RowMajorLayout(size_t rank) : minor_to_major_(rank), layout_{} {
+  for (size_t i = 0; i < rank; ++i) minor_to_major_[i] = static_cast<int64_t>(rank - 1 - i);
+  layout_.struct_size = PJRT_Buffer_MemoryLayout_STRUCT_SIZE;
+  layout_.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+  layout_.tiled.struct_size = PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE;
+  layout_.tiled.minor_to_major = minor_to_major_.data();
+  layout_.tiled.minor_to_major_size = rank;
+}
+
 void DestroyEvent(const PJRT_Api& api, PJRT_Event* event) {
   if (event == nullptr) return;
   auto args = FERRY_PJRT_ARGS(PJRT_Event_Destroy_Args);

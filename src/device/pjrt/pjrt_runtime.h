@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/status.h"
@@ -35,6 +36,27 @@ void OnEventReady(const PJRT_Api& api, PJRT_Event* event,
 
 // Takes over `event`, waits for it on this thread and destroys it; returns its status.
 Status AwaitEvent(const PJRT_Api& api, PJRT_Event* event, std::string_view what);
+
+// Whether `layout` is the row-major, untiled layout of a `rank`-dimensional buffer (minor_to_major
+// rank-1, ..., 0 and no tiles): the one in which ferry's raw paths (byte offsets, host pointers)
+// address a buffer's elements as a dense array.
+bool IsRowMajorUntiled(const PJRT_Buffer_MemoryLayout& layout, size_t rank);
+
+// The row-major, untiled layout of a `rank`-dimensional buffer, for ToHostBuffer's host_layout:
+// without one the plugin writes the host buffer in the device's own layout (a TPU's tiles). Owns
+// the array the layout points into, so it is neither copied nor moved.
+class RowMajorLayout {
+ public:
+  explicit RowMajorLayout(size_t rank);
+  RowMajorLayout(const RowMajorLayout&) = delete;
+  RowMajorLayout& operator=(const RowMajorLayout&) = delete;
+
+  PJRT_Buffer_MemoryLayout* get() { return &layout_; }
+
+ private:
+  std::vector<int64_t> minor_to_major_;
+  PJRT_Buffer_MemoryLayout layout_;
+};
 
 class PjrtRuntime {
  public:
