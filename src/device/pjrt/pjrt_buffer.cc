@@ -142,23 +142,53 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
   StatusOr<ClientLifetime::Token> token =
       ClientLifetime::Begin(lifetime_, fmt::format("CopyRawToHost from {}", device_name_));
   if (!token.ok()) return Future<>::Ready(token.status());
+  if (parts_.ready.IsReady()) {
+    return CopyRawOnceReady(source_, offset_bytes, size_bytes, dst, *std::move(token));
+  }
+  // The put is still running: the read starts once it has finished, on the device's
+  // device-to-host worker (never on the plugin thread that completes the put), and this call
+  // returns at once. The read holds what it needs (the source), not this buffer.
+  Promise<> done;
+  parts_.ready.OnReady([source = source_, offset_bytes, size_bytes, dst, done,
+                        token = *std::move(token)](const Status&) mutable {
+    const PjrtDevice* device = source.device;
+    Status queued = device->RunOnStagingWorker(
+        StagingDirection::kDeviceToHost, [source = std::move(source), offset_bytes, size_bytes, dst,
+                                          done, token = std::move(token)](Status start) mutable {
+          if (!start.ok()) {
+            done.Set(std::move(start));
+            return;
+          }
+          CopyRawOnceReady(source, offset_bytes, size_bytes, dst, std::move(token))
+              .OnReady([done](const Status& status) { done.Set(status); });
+        });
+    if (!queued.ok()) done.Set(std::move(queued));
+  });
+  return done.future();
+}
+
+Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_bytes,
+                                      int64_t size_bytes, void* dst, ClientLifetime::Token token) {
+  const PjrtBufferParts& parts_ = source.parts;
+  const std::string& device_name_ = source.device_name;
+  const int64_t size_bytes_ = source.size_bytes;
   if (Status ready = parts_.ready.Await(); !ready.ok()) return Future<>::Ready(std::move(ready));
   if (size_bytes == 0) return Future<>::Ready(OkStatus());
   if (parts_.host_address != nullptr) {
     std::memcpy(dst, parts_.host_address + offset_bytes, static_cast<size_t>(size_bytes));
     return Future<>::Ready(OkStatus());
   }
-  const PjrtPlatformInfo& platform = source_.client->platform();
+  const PjrtPlatformInfo& platform = source.client->platform();
   Promise<> done;
   if (!platform.has_raw_reads || !platform.row_major_layouts) {
     // No partial read at byte offsets (the plugin lacks it, or its layout is not the dense
     // row-major one the offsets mean): the whole buffer through ToHostBuffer, then the range.
-    Status queued = source_.device->RunOnStagingWorker(
+    Status queued = source.device->RunOnStagingWorker(
         StagingDirection::kDeviceToHost,
         [handle = parts_.handle, rank = parts_.dims.size(), total = size_bytes_, offset_bytes,
          size_bytes, dst, done, row_major = platform.row_major_layouts,
          what = fmt::format("CopyRawToHost from {} (a whole read)", device_name_),
-         token = std::move(*token)](Status start) mutable {
+         token = std::move(token)](Status start) mutable {
           if (start.ok()) {
             StatusOr<HostTensor> whole = HostTensor::Allocate(DType::kU8, {total});
             start = whole.status();
@@ -177,10 +207,10 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
     return done.future();
   }
   // Waited for on the staging worker (see StartRead for why the event is awaited).
-  Status queued = source_.device->RunOnStagingWorker(
+  Status queued = source.device->RunOnStagingWorker(
       StagingDirection::kDeviceToHost,
       [handle = parts_.handle, offset_bytes, size_bytes, dst, done, name = device_name_,
-       token = std::move(*token)](Status start) mutable {
+       token = std::move(token)](Status start) mutable {
         if (start.ok()) {
           const PJRT_Api& api = handle->runtime().api();
           auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);

@@ -98,7 +98,9 @@ class PjrtBuffer final : public Buffer {
   // The PJRT_Buffer.
   StatusOr<NativeBufferHandle> NativeHandle() const override;
   // From the device memory where the host addresses it; else the plugin's partial read
-  // (PJRT_Buffer_CopyRawToHost, waited for on the device's device-to-host staging worker).
+  // (PJRT_Buffer_CopyRawToHost, waited for on the device's device-to-host staging worker). Never
+  // waits for Ready() on the calling thread: a read of a buffer whose put is still running starts
+  // on that worker once the put has finished.
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
   // PJRT_Buffer_CopyToDevice on the plugin when `target` is a device of the same client (and the
   // plugin has it); through the host otherwise.
@@ -120,6 +122,9 @@ class PjrtBuffer final : public Buffer {
 
  private:
   class Read;
+  // CopyRawToHost of a buffer whose Ready() has completed, from what a read holds.
+  static Future<> CopyRawOnceReady(const ReadSource& source, int64_t offset_bytes,
+                                   int64_t size_bytes, void* dst, ClientLifetime::Token token);
   // Starts `read` (after Ready()) and finishes it, or hands it to a piece that will (every piece
   // that outlives the call holds `read`). An error when it could not start. `on_worker` when this
   // runs on the device's device-to-host staging worker (reads that wait go there).
