@@ -110,6 +110,14 @@ StatusOr<Device*> DeviceSet::Find(std::string_view name) {
   return devices[index];
 }
 
+StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
+  if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
+  if (name == "async") return HostBufferSemantics::kImmutableUntilTransferCompletes;
+  if (name == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
+  return InvalidArgumentError(
+      fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
+}
+
 StatusOr<int64_t> ParseSize(std::string_view text) {
   double number = 0;
   size_t i = 0;

@@ -54,6 +54,10 @@ std::string Printable(std::string_view text);
 // message about a set of files.
 std::string FilesText(const std::vector<std::string>& paths);
 
+// --semantics: "copy", "async" or "zero_copy" -> the HostBufferSemantics. InvalidArgument naming
+// the flag on anything else.
+StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name);
+
 // "1GiB", "64MiB", "100MB", "4096" -> bytes. InvalidArgument on anything else.
 StatusOr<int64_t> ParseSize(std::string_view text);
 // 1536 -> "1.50 KiB".

@@ -32,14 +32,6 @@
 namespace ferry::cli {
 namespace {
 
-StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
-  if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
-  if (name == "async") return HostBufferSemantics::kImmutableUntilTransferCompletes;
-  if (name == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
-  return InvalidArgumentError(
-      fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
-}
-
 // How a tensor read back compares with the file.
 struct VerifyResult {
   bool exact = true;

@@ -179,14 +179,6 @@ bool RequestApplies(DType requested, DType source) {
   return a == b || (integer(a) && integer(b));
 }
 
-StatusOr<HostBufferSemantics> ParseSemantics(const std::string& name) {
-  if (name == "copy") return HostBufferSemantics::kImmutableOnlyDuringCall;
-  if (name == "zero_copy") return HostBufferSemantics::kImmutableZeroCopy;
-  if (name == "async") return HostBufferSemantics::kImmutableUntilTransferCompletes;
-  return InvalidArgumentError(
-      fmt::format("--semantics must be copy, async or zero_copy, not '{}'", name));
-}
-
 // What a rank can get wrong on its own (a flag's value, a backend that does not start here): every
 // rank finds it before anything moves, so that the ranks can agree on it.
 struct RankSetup {
