@@ -350,6 +350,64 @@ Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
   return result;
 }
 
+namespace {
+
+// The whole buffer into a dense temporary in the device dtype (ToHostBuffer, a row-major
+// host_layout asked for when `ask_row_major`), then converted into `dst` on this thread.
+Status ReadThroughDenseTemporary(const PjrtBuffer::ReadSource& source, const MutableHostView& dst,
+                                 bool ask_row_major) {
+  const PjrtBufferParts& parts = source.parts;
+  FERRY_ASSIGN_OR_RETURN(HostTensor whole, HostTensor::Allocate(parts.device_dtype, parts.dims));
+  FERRY_RETURN_IF_ERROR(ReadDenseThroughPlugin(
+      *parts.handle, parts.dims.size(), whole.data(), source.size_bytes, ask_row_major,
+      fmt::format("ToHostBuffer from {}", source.device_name)));
+  FERRY_ASSIGN_OR_RETURN(CopyConvertPlan plan, CopyConvertPlan::Create(whole.view(), dst));
+  plan.CopyAll();
+  return OkStatus();
+}
+
+// Partial reads (CopyRawToHost) into the device's device-to-host staging ring, each chunk
+// converted into `dst` on this thread once its event has been awaited, with up to kReadWindow
+// reads in flight. Waits for every chunk.
+Status ReadInStagedChunks(const PjrtBuffer::ReadSource& source, const MutableHostView& dst) {
+  PjrtBufferHandle& handle = *source.parts.handle;
+  const PJRT_Api& api = handle.runtime().api();
+  const DType device_dtype = source.parts.device_dtype;
+  struct PendingRead {
+    PJRT_Event* event;
+    ChunkDone landed;
+  };
+  std::deque<PendingRead> pending;
+  const std::string raw_what = fmt::format("CopyRawToHost from {}", source.device_name);
+  auto land_oldest = [&] {
+    PendingRead oldest = std::move(pending.front());
+    pending.pop_front();
+    std::move(oldest.landed)(AwaitEvent(api, oldest.event, raw_what));
+  };
+  Promise<> pieces;
+  auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
+  Status started = StagedRead(
+      source.device->staging(StagingDirection::kDeviceToHost), device_dtype, dst,
+      [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
+        while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
+        auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+        args.buffer = handle.get();
+        args.dst = chunk.host;
+        args.offset = piece.offset_bytes;
+        args.transfer_size = piece.size_bytes;
+        FERRY_RETURN_IF_ERROR(
+            handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), raw_what));
+        pending.push_back({args.event, std::move(landed)});
+        return OkStatus();
+      },
+      counter);
+  while (!pending.empty()) land_oldest();
+  counter->Done(std::move(started));
+  return pieces.future().Await();
+}
+
+}  // namespace
+
 Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) {
   // The read's token keeps the client (its engine and staging) alive until the read is over.
   const ReadSource& source = read->source();
@@ -364,7 +422,6 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
   }
   const DType device_dtype = parts_.device_dtype;
   PjrtBufferHandle& handle = *parts_.handle;
-  const PJRT_Api& api = handle.runtime().api();
 
   if (parts_.host_address != nullptr) {
     FERRY_ASSIGN_OR_RETURN(
@@ -404,54 +461,11 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
     return OkStatus();
   }
   if (!platform.has_raw_reads || !platform.row_major_layouts) {
-    // No partial reads at byte offsets (see CopyRawToHost): the whole buffer into a dense
-    // temporary in the device dtype, then converted into `dst` on this worker.
-    FERRY_ASSIGN_OR_RETURN(HostTensor whole, HostTensor::Allocate(device_dtype, parts_.dims));
-    Status status = ReadDenseThroughPlugin(handle, parts_.dims.size(), whole.data(), size_bytes_,
-                                           !platform.row_major_layouts, what);
-    if (status.ok()) {
-      StatusOr<CopyConvertPlan> plan = CopyConvertPlan::Create(whole.view(), dst);
-      status = plan.status();
-      if (status.ok()) plan->CopyAll();
-    }
-    read->Finish(std::move(status));
+    // No partial reads at byte offsets (see CopyRawToHost).
+    read->Finish(ReadThroughDenseTemporary(source, dst, !platform.row_major_layouts));
     return OkStatus();
   }
-
-  // Partial reads into the device's device-to-host staging ring, each chunk converted into `dst`
-  // on this worker
-  // once its event has been awaited, with up to kReadWindow reads in flight.
-  struct PendingRead {
-    PJRT_Event* event;
-    ChunkDone landed;
-  };
-  std::deque<PendingRead> pending;
-  const std::string raw_what = fmt::format("CopyRawToHost from {}", device_name_);
-  auto land_oldest = [&] {
-    PendingRead oldest = std::move(pending.front());
-    pending.pop_front();
-    std::move(oldest.landed)(AwaitEvent(api, oldest.event, raw_what));
-  };
-  Promise<> pieces;
-  auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
-  Status started = StagedRead(
-      source.device->staging(StagingDirection::kDeviceToHost), device_dtype, dst,
-      [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
-        while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
-        auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-        args.buffer = handle.get();
-        args.dst = chunk.host;
-        args.offset = piece.offset_bytes;
-        args.transfer_size = piece.size_bytes;
-        FERRY_RETURN_IF_ERROR(
-            handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), raw_what));
-        pending.push_back({args.event, std::move(landed)});
-        return OkStatus();
-      },
-      counter);
-  while (!pending.empty()) land_oldest();
-  counter->Done(std::move(started));
-  read->Finish(pieces.future().Await());
+  read->Finish(ReadInStagedChunks(source, dst));
   return OkStatus();
 }
 
