@@ -99,6 +99,12 @@ void StagingRing::WorkerLoop() {
   }
 }
 
+void StagingRing::Execute(absl::AnyInvocable<void() &&> task) {
+  // Shared so that a refused job (after Shutdown) leaves the task here to run.
+  auto shared = std::make_shared<absl::AnyInvocable<void() &&>>(std::move(task));
+  if (!Submit([shared](Status) { std::move (*shared)(); }).ok()) std::move (*shared)();
+}
+
 void StagingRing::Shutdown() {
   std::deque<Job> cancelled;
   std::thread worker;

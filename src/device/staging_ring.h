@@ -31,6 +31,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "ferry/core/dtype.h"
+#include "ferry/core/future.h"
 #include "ferry/core/host_view.h"
 #include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
@@ -57,7 +58,9 @@ struct StagingChunkAllocator {
   static StagingChunkAllocator Host();
 };
 
-class StagingRing {
+// Also an Executor (ferry/core/future.h): Execute runs a task as a job of the worker, or on the
+// calling thread once the ring has shut down.
+class StagingRing final : public Executor {
  public:
   static constexpr int kDefaultChunks = 4;
   static constexpr int64_t kDefaultChunkBytes = int64_t{8} << 20;
@@ -67,7 +70,7 @@ class StagingRing {
               int64_t chunk_bytes = kDefaultChunkBytes);
   // Shutdown(), then frees the chunks: only once no chunk is in use, never from a callback or
   // the worker.
-  ~StagingRing();
+  ~StagingRing() override;
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
@@ -86,6 +89,9 @@ class StagingRing {
   // Queues `job` (the worker starts on first use). FailedPrecondition, and the job is dropped
   // uncalled, after Shutdown.
   Status Submit(Job job);
+  // Executor: `task` as a job (it runs whatever the job's status: on the worker, or with
+  // Cancelled on the thread calling Shutdown), or at once on this thread after Shutdown.
+  void Execute(absl::AnyInvocable<void() &&> task) override;
   // Stops taking jobs, runs every queued job with Cancelled, lets the running one finish and
   // joins the worker. Idempotent. Never call it from the worker or a callback.
   void Shutdown();

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -271,6 +272,51 @@ TEST(FutureTest, await_for_returns_null_on_timeout_then_the_value) {
   ASSERT_TRUE(value->ok());
   EXPECT_EQ(**value, 7);
   EXPECT_EQ(future.AwaitFor(std::chrono::nanoseconds(0)), value) << "ready: at once";
+}
+
+// An executor whose tasks wait in a queue until the test runs them.
+class QueueExecutor final : public Executor {
+ public:
+  void Execute(absl::AnyInvocable<void() &&> task) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+  }
+  int RunAll() {
+    std::vector<absl::AnyInvocable<void() &&>> tasks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) std::move(task)();
+    return static_cast<int>(tasks.size());
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<absl::AnyInvocable<void() &&>> tasks_;
+};
+
+TEST(FutureTest, on_ready_with_an_executor_runs_the_callback_there_once) {
+  QueueExecutor executor;
+  Promise<int> promise;
+  int calls = 0;
+  int seen = 0;
+  promise.future().OnReady(executor, [&](const StatusOr<int>& value) {
+    ++calls;
+    seen = *value;
+  });
+  promise.Set(41);
+  EXPECT_EQ(calls, 0) << "not on the thread that set the promise";
+  EXPECT_EQ(executor.RunAll(), 1);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, 41);
+
+  // Ready already: handed to the executor as well, never run inline.
+  promise.future().OnReady(executor, [&](const StatusOr<int>&) { ++calls; });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(executor.RunAll(), 1);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(executor.RunAll(), 0) << "exactly once";
 }
 
 }  // namespace

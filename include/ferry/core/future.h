@@ -6,7 +6,8 @@
 //   was set") instead of never: a producer that fails without saying so cannot hang its consumers.
 // - `Future::OnReady(cb)` runs `cb` exactly once: inline on the calling thread if the future is
 //   already ready, otherwise on the thread that sets the promise, after the value is stored.
-//   Callbacks must not block for long: they run on runtime threads.
+//   Callbacks must not block for long: they run on runtime threads. `OnReady(executor, cb)` runs
+//   `cb` on an Executor's thread instead (work that may block or take long).
 // - `Await()` blocks the calling thread until ready; `AwaitFor(timeout)` at most `timeout`. Never
 //   call them while holding a lock that the producer needs (or the Python GIL: the Python layer
 //   releases it first).
@@ -104,6 +105,16 @@ class FutureState {
 
 }  // namespace internal
 
+// Runs tasks on threads of its own: where a continuation must not run on the thread that
+// completes a future (a plugin's event thread, a thread holding a lock). `Execute` runs `task`
+// exactly once: on one of the executor's threads, or, once the executor has stopped, on the
+// calling thread (a continuation is never lost). Implementations are thread-safe.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual void Execute(absl::AnyInvocable<void() &&> task) = 0;
+};
+
 template <typename T = void>
 class Future;
 
@@ -176,6 +187,17 @@ class Future {
   // `callback(value)` runs exactly once; see the file comment for the thread.
   void OnReady(absl::AnyInvocable<void(const Value&) &&> callback) const {
     state_->OnReady(std::move(callback));
+  }
+  // `callback(value)` runs exactly once, on `executor` (handed to it once the future is ready,
+  // from the thread that completes it, or from this one when it is ready already). `executor`
+  // must outlive that hand-over.
+  void OnReady(Executor& executor, absl::AnyInvocable<void(const Value&) &&> callback) const {
+    state_->OnReady(
+        [&executor, state = state_, callback = std::move(callback)](const Value&) mutable {
+          executor.Execute([state = std::move(state), callback = std::move(callback)]() mutable {
+            std::move(callback)(state->Await());  // ready: Await only reads the value
+          });
+        });
   }
 
  private:

@@ -149,21 +149,12 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
   // device-to-host worker (never on the plugin thread that completes the put), and this call
   // returns at once. The read holds what it needs (the source), not this buffer.
   Promise<> done;
-  parts_.ready.OnReady([source = source_, offset_bytes, size_bytes, dst, done,
+  parts_.ready.OnReady(source_.device->staging(StagingDirection::kDeviceToHost),
+                       [source = source_, offset_bytes, size_bytes, dst, done,
                         token = *std::move(token)](const Status&) mutable {
-    const PjrtDevice* device = source.device;
-    Status queued = device->RunOnStagingWorker(
-        StagingDirection::kDeviceToHost, [source = std::move(source), offset_bytes, size_bytes, dst,
-                                          done, token = std::move(token)](Status start) mutable {
-          if (!start.ok()) {
-            done.Set(std::move(start));
-            return;
-          }
-          CopyRawOnceReady(source, offset_bytes, size_bytes, dst, std::move(token))
-              .OnReady([done](const Status& status) { done.Set(status); });
-        });
-    if (!queued.ok()) done.Set(std::move(queued));
-  });
+                         CopyRawOnceReady(source, offset_bytes, size_bytes, dst, std::move(token))
+                             .OnReady([done](const Status& status) { done.Set(status); });
+                       });
   return done.future();
 }
 
