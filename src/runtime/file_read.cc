@@ -33,14 +33,17 @@ struct ReadPiece {
   int64_t size = 0;
 };
 
-// Runs every piece's read on `num_threads` threads (the caller's among them); the first error,
-// naming its tensor and file, or OK. After an error the pieces not started are skipped.
+// Runs every piece's read on `num_threads` threads (the caller's among them); the error of the
+// first failed piece in order (not in time: the same error whichever thread gets there first),
+// naming its tensor and file, or OK. After an error the pieces not started are skipped; those
+// started (all before it in order among them: pieces are taken in order) finish.
 Status ReadPieces(absl::Span<const InPlaceTensor> tensors, absl::Span<const ReadPiece> pieces,
                   int num_threads) {
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   Mutex error_mutex;
   Status first_error;
+  size_t first_error_piece = pieces.size();
   const auto work = [&] {
     for (size_t i = next.fetch_add(1); i < pieces.size() && !failed.load(); i = next.fetch_add(1)) {
       const ReadPiece& piece = pieces[i];
@@ -49,7 +52,8 @@ Status ReadPieces(absl::Span<const InPlaceTensor> tensors, absl::Span<const Read
                                                     piece.size, tensor.destination + piece.offset);
       if (!read.ok()) {
         MutexLock lock(error_mutex);
-        if (first_error.ok()) {
+        if (i < first_error_piece) {
+          first_error_piece = i;
           first_error =
               Status(read.code(), fmt::format("tensor '{}': {}", tensor.read->source->name(),
                                               std::string(read.message())));
