@@ -95,10 +95,14 @@ TEST(PjrtTest, LayoutsAreProbedAndTheLayoutAwarePathsGiveTheSameBytes) {
   std::vector<double> values(60);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i) * 0.5 - 7.0;
   const HostView transposed(values.data(), DType::kF64, {10, 6}, {8, 80});
+  const int64_t direct_before = metrics::DirectTransfers()->Value();
+  const int64_t converted_before = metrics::ConvertedTransfers()->Value();
   StatusOr<std::unique_ptr<Buffer>> buffer = client->BufferFromHostBuffer(
       transposed, DType::kF32, device, HostBufferSemantics::kImmutableUntilTransferCompletes,
       nullptr, "transposed");
   ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ(metrics::ConvertedTransfers()->Value(), converted_before + 1);
+  EXPECT_EQ(metrics::DirectTransfers()->Value(), direct_before) << "one put, counted once";
   ASSERT_TRUE((*buffer)->Ready().Await().ok());
 
   // A converting, strided read: back to float64, into a column-major destination.

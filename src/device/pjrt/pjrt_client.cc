@@ -82,6 +82,14 @@ StatusOr<NamedValues> MakeNamedValues(const ClientOptions& options) {
 
 // True when the plugin can read `src` with its own strided copy: native byte order, and every
 // byte stride a whole number of elements (the plugins read other strides wrongly, unchecked).
+// `put`, counted on `transfers` (DirectTransfers or ConvertedTransfers) when it succeeded: one
+// count per put, whichever path made it.
+StatusOr<std::unique_ptr<Buffer>> CountedPut(Counter* transfers,
+                                             StatusOr<std::unique_ptr<Buffer>> put) {
+  if (put.ok()) transfers->Add();
+  return put;
+}
+
 bool PluginCanReadStrides(const HostView& src) {
   if (!src.IsNativeByteOrder()) return false;
   const int64_t element_size = src.element_size();
@@ -433,7 +441,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
                            src.IsNativeByteOrder() && src.num_elements() > 0 &&
                            reinterpret_cast<uintptr_t>(src.data) % kHostAlignment == 0;
     if (aliasable) {
-      return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
+      return CountedPut(
+          metrics::DirectTransfers(),
+          PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name));
     }
     metrics::ZeroCopyFallbacks()->Add();
     semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
@@ -442,9 +452,11 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::BufferFromHostBuffer(
     return PutDirect(src, device_dtype, pjrt_device, semantics, std::move(on_done), tensor_name);
   }
   if (same_dtype && (PluginCanReadStrides(src) || src.num_elements() == 0)) {
-    return PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name);
+    return CountedPut(
+        metrics::DirectTransfers(),
+        PutThroughPlugin(src, pjrt_device, semantics, std::move(on_done), tensor_name));
   }
-  if (!platform_.row_major_layouts || !platform_.has_transfer_manager) {
+  if (!platform_.writes_at_byte_offsets()) {
     return PutConvertedThroughPlugin(src, device_dtype, pjrt_device, semantics, std::move(on_done),
                                      tensor_name);
   }
@@ -467,11 +479,10 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutConvertedThroughPlugin(
     held.reset();
     if (on_done) std::move(on_done)();
   };
-  if (semantics == HostBufferSemantics::kImmutableZeroCopy) {
-    semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
-  }
-  metrics::ConvertedTransfers()->Add();
-  return PutThroughPlugin(dense, device, semantics, std::move(release), tensor_name);
+  // Like PutStaged, which it stands in for, a conversion or a re-striding: never a zero-copy put
+  // (BufferFromHostBuffer has made those kImmutableUntilTransferCompletes already).
+  return CountedPut(metrics::ConvertedTransfers(),
+                    PutThroughPlugin(dense, device, semantics, std::move(release), tensor_name));
 }
 
 namespace {
@@ -676,7 +687,6 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     metrics::ZeroCopyFallbacks()->Add();
   }
   parts.memory_keepalive = accounted;
-  metrics::DirectTransfers()->Add();
   // ferry reads the plugin's memory itself only where it may (direct host access), or where it
   // is the caller's own memory (an alias): the plugin's events can complete before its copies
   // have landed (see PjrtBuffer::ToHost), and its own reads are ordered after them.

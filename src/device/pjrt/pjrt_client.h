@@ -78,6 +78,11 @@ struct PjrtPlatformInfo {
   bool has_transfer_manager = false;
   // The plugin has PJRT_Buffer_CopyRawToHost (partial reads).
   bool has_raw_reads = false;
+
+  // Partial reads at byte offsets of the row-major array (CopyRawToHost) may be used.
+  bool reads_at_byte_offsets() const { return has_raw_reads && row_major_layouts; }
+  // Chunked writes at byte offsets of the row-major array (the transfer manager) may be used.
+  bool writes_at_byte_offsets() const { return has_transfer_manager && row_major_layouts; }
 };
 
 // One of a device's PJRT memories.
@@ -203,6 +208,8 @@ class PjrtClient final : public Client {
   // can tell; null otherwise. The plugin owns that memory, valid while `buffer` lives.
   std::byte* HostAddressOf(PJRT_Buffer* buffer) const;
 
+  // The plugin's BufferFromHostBuffer of `src` as it is (its dtype is the device's). Counts no
+  // transfer metric: its callers count the put as the direct or converted one it is.
   StatusOr<std::unique_ptr<Buffer>> PutThroughPlugin(const HostView& src, PjrtDevice* device,
                                                      HostBufferSemantics semantics,
                                                      OnDoneWithHostBuffer on_done,
