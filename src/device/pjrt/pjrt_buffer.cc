@@ -171,7 +171,7 @@ Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_b
   }
   const PjrtPlatformInfo& platform = source.client->platform();
   Promise<> done;
-  if (!platform.has_raw_reads || !platform.row_major_layouts) {
+  if (!platform.reads_at_byte_offsets()) {
     // No partial read at byte offsets (the plugin lacks it, or its layout is not the dense
     // row-major one the offsets mean): the whole buffer through ToHostBuffer, then the range.
     Status queued = source.device->RunOnStagingWorker(
@@ -259,9 +259,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
       client->runtime()->Check(api.PJRT_Buffer_ReadyEvent(&ready_args), "Buffer_ReadyEvent"));
   Promise<> ready;
   parts.ready = ready.future();
-  // The copy holds the source buffer until it has arrived: a plugin may read it after the call
-  // (asynchronously), and destroying it first can free what it reads (seen with the CPU plugin: a
-  // source that aliases host memory gives that memory back when it is destroyed).
+  // The copy holds the source buffer until it has arrived: the plugin may read it after the call
+  // (asynchronously), and nothing in the C API says a source destroyed meanwhile stays readable
+  // (a source that aliases the caller's memory gives it back when it is destroyed).
   OnEventReady(
       api, ready_args.event,
       [ready, source = parts_.handle, token = std::move(token)](Status status) mutable {
@@ -451,7 +451,7 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
                                         !platform.row_major_layouts, what));
     return OkStatus();
   }
-  if (!platform.has_raw_reads || !platform.row_major_layouts) {
+  if (!platform.reads_at_byte_offsets()) {
     // No partial reads at byte offsets (see CopyRawToHost).
     read->Finish(ReadThroughDenseTemporary(source, dst, !platform.row_major_layouts));
     return OkStatus();
