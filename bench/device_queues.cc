@@ -63,23 +63,25 @@ struct Timings {
   std::vector<double> put_one, put_all, read_one, read_all;
 };
 
+// Puts on each device of `group` and reads them back, appending each phase's time.
+Status TimeGroup(const std::vector<DeviceWork*>& group, std::vector<double>& put_times,
+                 std::vector<double>& read_times) {
+  Clock::time_point start = Clock::now();
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> handles, PutAll(group));
+  put_times.push_back(SecondsSince(start));
+  start = Clock::now();
+  FERRY_RETURN_IF_ERROR(ReadAll(group, handles));
+  read_times.push_back(SecondsSince(start));
+  return OkStatus();
+}
+
 // One repeat: device 0 alone, then every device at once (interleaved, so that both see the same
 // machine).
 Status TimeOnce(std::vector<DeviceWork>& work, Timings& timings) {
-  std::vector<DeviceWork*> one = {&work.front()};
   std::vector<DeviceWork*> all;
   for (DeviceWork& each : work) all.push_back(&each);
-  for (const auto& [group, put_times, read_times] :
-       {std::tuple(one, &timings.put_one, &timings.read_one),
-        std::tuple(all, &timings.put_all, &timings.read_all)}) {
-    Clock::time_point start = Clock::now();
-    FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> handles, PutAll(group));
-    put_times->push_back(SecondsSince(start));
-    start = Clock::now();
-    FERRY_RETURN_IF_ERROR(ReadAll(group, handles));
-    read_times->push_back(SecondsSince(start));
-  }
-  return OkStatus();
+  FERRY_RETURN_IF_ERROR(TimeGroup({all.front()}, timings.put_one, timings.read_one));
+  return TimeGroup(all, timings.put_all, timings.read_all);
 }
 
 StatusOr<std::vector<DeviceWork>> PrepareWork(Client& client, const DeviceQueuesOptions& options) {
@@ -112,13 +114,12 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
     return 1;
   }
   StatusOr<std::vector<DeviceWork>> work = PrepareWork(**client, options);
+  // An untimed first run makes the staging chunks and threads.
+  Timings warm_up;
+  Status status = work.ok() ? TimeOnce(*work, warm_up) : work.status();
   Timings timings;
-  Status status = work.status();
-  for (int repeat = 0; status.ok() && repeat <= options.repeats; ++repeat) {
-    Timings* into = &timings;
-    Timings warm_up;
-    if (repeat == 0) into = &warm_up;  // the first run makes the staging chunks and threads
-    status = TimeOnce(*work, *into);
+  for (int repeat = 0; status.ok() && repeat < options.repeats; ++repeat) {
+    status = TimeOnce(*work, timings);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "device queues: %s\n", status.ToString().c_str());
