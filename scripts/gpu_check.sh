@@ -60,6 +60,18 @@ assert kind == 2, f"expected kDLCUDA (2), got {(kind, ordinal)}"
 j = jax.dlpack.from_dlpack(a)
 np.testing.assert_array_equal(np.asarray(j), x)
 print(f"DLPack: {device.name} -> jax {j.devices()} (kDLCUDA, ordinal {ordinal}): exact")
+# Pinned staging (PJRT_Client_DmaMap) and the allocator's own statistics (PJRT_Device_MemoryStats):
+# the CUDA plugin has both, so a converting put stages through pinned chunks and the stats are the
+# plugin's.
+big = np.arange(1 << 24, dtype=np.float32)
+b = ferry.device_put(big, device, device_dtype="bfloat16")
+np.testing.assert_array_equal(np.asarray(ferry.device_get(b)[:256], np.float32), big[:256])
+stats = device.memory_stats()
+print("description:", device.description)
+print("memory_stats:", stats)
+print("pinned staging bytes:", ferry.metrics().get("PjrtStagingBytesPinned"))
+assert "pinned staging" in device.description, device.description
+assert stats["source"] == "plugin" and stats["bytes_in_use"] >= b.nbytes, stats
 PYTHON
 echo "=== ferry-bench --device pjrt:0 ==="
 mkdir -p build/gpu_check

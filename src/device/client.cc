@@ -23,6 +23,16 @@ std::string_view HostBufferSemanticsName(HostBufferSemantics semantics) {
   return "unknown";
 }
 
+std::string_view DeviceMemoryStatsSourceName(DeviceMemoryStats::Source source) {
+  switch (source) {
+    case DeviceMemoryStats::Source::kFerry:
+      return "ferry";
+    case DeviceMemoryStats::Source::kPlugin:
+      return "plugin";
+  }
+  return "unknown";
+}
+
 DeviceCapabilities DeviceCapabilities::All() {
   DeviceCapabilities capabilities;
   capabilities.dtypes.set();

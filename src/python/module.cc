@@ -971,6 +971,23 @@ void DefineDeviceClass(nb::module_& m) {
       .def_prop_ro("memory_limit",
                    [](const Device& d) { return d.capabilities().memory_limit_bytes; })
       .def_prop_ro("bytes_in_use", &Device::bytes_in_use)
+      .def(
+          "memory_stats",
+          [](const Device& d) -> std::optional<nb::dict> {
+            if (!d.is_addressable()) return std::nullopt;
+            const DeviceMemoryStats stats = d.memory_stats();
+            nb::dict out;
+            out["source"] = std::string(DeviceMemoryStatsSourceName(stats.source));
+            out["bytes_in_use"] = stats.bytes_in_use;
+            if (stats.peak_bytes_in_use) out["peak_bytes_in_use"] = *stats.peak_bytes_in_use;
+            if (stats.bytes_limit) out["bytes_limit"] = *stats.bytes_limit;
+            return out;
+          },
+          "The device's memory as its runtime counts it, like JAX's Device.memory_stats(): "
+          "{'source': 'plugin', 'bytes_in_use': ..., 'peak_bytes_in_use': ..., 'bytes_limit': "
+          "...} from a PJRT plugin's own allocator where it keeps statistics (a GPU's, others' "
+          "buffers included), else {'source': 'ferry', 'bytes_in_use': ferry's count of its "
+          "arrays, 'bytes_limit': the device's limit, if any}; None for another process's device.")
       .def_prop_ro(
           "memory_kinds",
           [](const Device& d) {

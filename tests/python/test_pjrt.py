@@ -25,6 +25,18 @@ def test_pjrt_devices_describe_their_plugin():
     assert "float64" in devices[0].dtypes and "bfloat16" in devices[0].dtypes
 
 
+def test_memory_stats_say_who_counted():
+    # The CPU plugin keeps no allocator statistics (PJRT_Device_MemoryStats is UNIMPLEMENTED), so
+    # its devices report ferry's own count; the host device always does.
+    for device in (_pjrt_devices()[0], ferry.devices("host")[0]):
+        a = ferry.device_put(np.ones((100, 10), np.float32), device)
+        stats = device.memory_stats()
+        assert stats["source"] == "ferry", (device.name, stats)
+        assert stats["bytes_in_use"] == device.bytes_in_use >= a.nbytes
+        del a
+    assert "staging" in _pjrt_devices()[0].description
+
+
 def test_strided_and_converting_puts_round_trip_on_pjrt():
     device = _pjrt_devices()[0]
     rng = np.random.default_rng(7)

@@ -73,6 +73,21 @@ struct MemorySpace {
   bool is_default = false;
 };
 
+// What a device's memory holds, in the manner of JAX's Device.memory_stats().
+struct DeviceMemoryStats {
+  enum class Source {
+    kFerry,   // ferry's own count of its buffers (the same as Device::bytes_in_use)
+    kPlugin,  // the runtime's allocator (pjrt: PJRT_Device_MemoryStats), others' buffers included
+  };
+  Source source = Source::kFerry;
+  int64_t bytes_in_use = 0;
+  std::optional<int64_t> peak_bytes_in_use;
+  // The most the device's buffers may hold (ferry: DeviceCapabilities::memory_limit_bytes).
+  std::optional<int64_t> bytes_limit;
+};
+
+std::string_view DeviceMemoryStatsSourceName(DeviceMemoryStats::Source source);  // "ferry"
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -89,6 +104,15 @@ class Device {
   // memory before its future completes, so destroying a buffer after its reads are done frees
   // its bytes at once.
   virtual int64_t bytes_in_use() const = 0;
+  // The device's memory as its runtime counts it where the runtime can say (pjrt plugins with
+  // PJRT_Device_MemoryStats, a GPU's allocator), else ferry's own count: bytes_in_use() and the
+  // capabilities' memory limit. bytes_in_use() stays ferry's exact count of its own buffers.
+  virtual DeviceMemoryStats memory_stats() const {
+    DeviceMemoryStats stats;
+    stats.bytes_in_use = bytes_in_use();
+    stats.bytes_limit = capabilities().memory_limit_bytes;
+    return stats;
+  }
   // What the device is, in one line for people ("cpu (PJRT plugin xla_cpu_pjrt.so, API 0.81)");
   // empty where the name says it all.
   virtual std::string description() const { return std::string(); }

@@ -204,10 +204,19 @@ PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
       memories_(std::move(memories)),
       capabilities_(std::move(capabilities)),
       memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)),
-      staging_{std::make_unique<StagingRing>(fmt::format("{} (host to device)", name_),
-                                             StagingChunkAllocator::Host()),
-               std::make_unique<StagingRing>(fmt::format("{} (device to host)", name_),
-                                             StagingChunkAllocator::Host())} {}
+      staging_{
+          std::make_unique<StagingRing>(fmt::format("{} (host to device)", name_),
+                                        PjrtStagingPinning::Allocator(client->staging_pinning())),
+          std::make_unique<StagingRing>(fmt::format("{} (device to host)", name_),
+                                        PjrtStagingPinning::Allocator(client->staging_pinning()))} {
+}
+
+DeviceMemoryStats PjrtDevice::memory_stats() const {
+  if (std::optional<DeviceMemoryStats> stats = PluginMemoryStats(*client_->runtime(), device_)) {
+    return *stats;
+  }
+  return Device::memory_stats();
+}
 
 void PjrtDevice::ShutdownStaging() {
   for (const std::unique_ptr<StagingRing>& ring : staging_) ring->Shutdown();
@@ -264,10 +273,11 @@ std::string PjrtDevice::description() const {
   if (size_t slash = plugin.rfind('/'); slash != std::string::npos)
     plugin = plugin.substr(slash + 1);
   return fmt::format(
-      "{} {} (PJRT {} API {}.{}; memories {}; {}; {})", platform.platform_name, kind_, plugin,
+      "{} {} (PJRT {} API {}.{}; memories {}; {}; {}; {})", platform.platform_name, kind_, plugin,
       platform.api_major, platform.api_minor, fmt::join(MemoryKinds(memories_), ","),
       platform.direct_host_access ? "direct host access" : "plugin transfers",
-      platform.row_major_layouts ? "row-major layouts" : "layouts left to the plugin");
+      platform.row_major_layouts ? "row-major layouts" : "layouts left to the plugin",
+      client_->staging_pinning()->pins() ? "pinned staging" : "pageable staging");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -308,6 +318,7 @@ PjrtClient::~PjrtClient() {
 
 Status PjrtClient::Initialize(const ClientOptions& options) {
   FERRY_RETURN_IF_ERROR(ReadPlatformInfo());
+  staging_pinning_ = std::make_shared<const PjrtStagingPinning>(runtime_);
   FERRY_RETURN_IF_ERROR(AddDevices(options));
   FERRY_RETURN_IF_ERROR(ProbeBuffers());
   const PjrtLibrary& library = runtime_->library();

@@ -42,6 +42,7 @@
 #include "ferry/device/client.h"
 #include "ferry/device/memory_account.h"
 #include "ferry/device/registry.h"
+#include "src/device/pjrt/pjrt_host_services.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/device/staging_ring.h"
 #include "src/device/transfer_engine.h"
@@ -111,6 +112,8 @@ class PjrtDevice final : public Device {
   const std::string& name() const override { return name_; }
   const DeviceCapabilities& capabilities() const override { return capabilities_; }
   int64_t bytes_in_use() const override { return memory_->in_use(); }
+  // The plugin's PJRT_Device_MemoryStats where it answers (a GPU allocator's), else ferry's count.
+  DeviceMemoryStats memory_stats() const override;
   std::string description() const override;
   // The plugin's addressable memories, its default memory first.
   std::vector<MemorySpace> memory_spaces() const override;
@@ -127,7 +130,8 @@ class PjrtDevice final : public Device {
   // The PJRT memory of `kind` (the default for an empty kind); null when there is none.
   PJRT_Memory* FindMemory(std::string_view kind) const;
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
-  // This device's staging ring for `direction` (host chunks; src/device/staging_ring.h) and its
+  // This device's staging ring for `direction` (host chunks, registered with the plugin for DMA
+  // where it pins: PjrtStagingPinning; src/device/staging_ring.h) and its
   // worker: staged puts to the device and reads the host cannot address, each device and
   // direction on a thread of its own, so that one device's reads never queue behind another's
   // (or behind its own puts). The chunks and the thread are made on first use.
@@ -191,6 +195,11 @@ class PjrtClient final : public Client {
   // the plugin's buffers are not in host memory (platform().buffers_on_cpu is false), which never
   // hands the host an address to copy from.
   const std::shared_ptr<TransferEngine>& engine() const { return engine_; }
+  // Whether the staging rings' chunks are pinned by the plugin (made by Initialize, before the
+  // devices).
+  const std::shared_ptr<const PjrtStagingPinning>& staging_pinning() const {
+    return staging_pinning_;
+  }
 
  private:
   explicit PjrtClient(std::shared_ptr<PjrtRuntime> runtime, int num_workers);
@@ -247,6 +256,7 @@ class PjrtClient final : public Client {
   const int num_workers_;
   // Made by Initialize when the plugin's buffers are in host memory; see engine().
   std::shared_ptr<TransferEngine> engine_;
+  std::shared_ptr<const PjrtStagingPinning> staging_pinning_;
 };
 
 }  // namespace ferry::pjrt
