@@ -3,6 +3,7 @@
 // every backend.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <thread>
@@ -168,6 +169,50 @@ TEST_P(ConformanceWriter, AnUnfinishedFillFailsTheBufferInsteadOfHanging) {
       AwaitFor(dropped->ToHost(MutableHostView::Dense(back.data(), DType::kF32, {16})));
   ASSERT_TRUE(read.has_value());
   EXPECT_FALSE(read->ok());
+}
+
+// Calls that return a future never wait before returning it: a whole and a partial read of a
+// buffer whose fill has not finished come back pending at once, and complete with the bytes once
+// the fill does. The calls run on a thread of their own, so one that waits for the fill fails the
+// test instead of hanging it (the fill is finished all the same, which lets that call go).
+TEST_P(ConformanceWriter, ReadsOfABufferStillBeingFilledReturnAtOnce) {
+  constexpr int64_t kCount = 1024;
+  std::vector<float> source(kCount);
+  for (int64_t i = 0; i < kCount; ++i) source[i] = static_cast<float>(3 * i + 1);
+  CT_ASSERT_OK_AND_ASSIGN(
+      std::unique_ptr<BufferWriter> writer,
+      client().CreateBufferWriter(DType::kF32, {kCount}, device(), {}, "filled later"));
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  CT_ASSERT_READY_OK(writer->Write(0, source.data(), kCount * 2));
+
+  std::vector<float> whole(kCount, -1.0f), part(kCount / 4, -1.0f);
+  Future<> whole_read, part_read;
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    whole_read = buffer->ToHost(MutableHostView::Dense(whole.data(), DType::kF32, {kCount}));
+    part_read = buffer->CopyRawToHost(kCount * 3, kCount, part.data());
+    returned.store(true);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!returned.load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const bool returned_at_once = returned.load();
+  EXPECT_TRUE(returned_at_once) << "ToHost or CopyRawToHost waited for the fill to finish";
+  if (returned_at_once) {
+    EXPECT_FALSE(whole_read.IsReady()) << "the fill has not finished: the read cannot have";
+    EXPECT_FALSE(part_read.IsReady()) << "the fill has not finished: the read cannot have";
+  }
+  CT_ASSERT_READY_OK(writer->Write(kCount * 2, source.data() + kCount / 2, kCount * 2));
+  caller.join();
+  const std::optional<Status> whole_done = AwaitFor(whole_read);
+  const std::optional<Status> part_done = AwaitFor(part_read);
+  ASSERT_TRUE(whole_done.has_value()) << "the read did not finish after the fill did";
+  ASSERT_TRUE(part_done.has_value()) << "the partial read did not finish after the fill did";
+  ASSERT_TRUE(whole_done->ok()) << *whole_done;
+  ASSERT_TRUE(part_done->ok()) << *part_done;
+  EXPECT_EQ(whole, source);
+  EXPECT_EQ(part, std::vector<float>(source.end() - kCount / 4, source.end()));
 }
 
 // A continuation on Ready() may call back into the writer: the writer never completes a future

@@ -131,34 +131,6 @@ TEST(PjrtTest, LayoutsAreProbedAndTheLayoutAwarePathsGiveTheSameBytes) {
   EXPECT_THAT(std::string(writer.status().message()), HasSubstr("row-major"));
 }
 
-// A partial read of a buffer whose fill has not finished returns a pending future at once (it
-// used to wait for Ready() on the calling thread: here, for ever, since this thread writes the
-// rest), and completes with the bytes once the fill does.
-TEST(PjrtTest, PartialReadOfABufferStillBeingFilledReturnsAtOnce) {
-  for (bool direct : DirectChoices()) {
-    SCOPED_TRACE(direct ? "direct host access" : "plugin paths");
-    PJRT_CLIENT_OR_SKIP(client, ClientOptions{.pjrt_direct_host_access = direct});
-    Device* device = client->devices()[0];
-    StatusOr<std::unique_ptr<BufferWriter>> writer =
-        client->CreateBufferWriter(DType::kU8, {64}, device, "", "filled later");
-    ASSERT_TRUE(writer.ok()) << writer.status();
-    StatusOr<std::unique_ptr<Buffer>> buffer = (*writer)->TakeBuffer();
-    ASSERT_TRUE(buffer.ok()) << buffer.status();
-    std::vector<uint8_t> bytes(64);
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(3 * i + 1);
-    ASSERT_TRUE((*writer)->Write(0, bytes.data(), 40).Await().ok());
-
-    std::vector<uint8_t> part(16, 0);
-    Future<> read = (*buffer)->CopyRawToHost(32, 16, part.data());
-    EXPECT_FALSE(read.IsReady()) << "the fill has not finished: the read cannot have either";
-    ASSERT_TRUE((*writer)->Write(40, bytes.data() + 40, 24).Await().ok());
-    const Status* done = read.AwaitFor(std::chrono::seconds(60));
-    ASSERT_NE(done, nullptr) << "the read did not finish after the fill did";
-    ASSERT_TRUE(done->ok()) << *done;
-    EXPECT_EQ(part, std::vector<uint8_t>(bytes.begin() + 32, bytes.end() - 16));
-  }
-}
-
 TEST(PjrtTest, DeviceCountIsAPluginOption) {
   {
     PJRT_CLIENT_OR_SKIP(probe, ClientOptions{});

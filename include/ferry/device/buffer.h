@@ -43,7 +43,9 @@ class Buffer {
 
   // Starts copying the buffer into `dst` (same dims; `dst.dtype` may differ from the device
   // dtype and is converted by the rules of convert.h). The caller keeps `dst`'s memory alive
-  // and untouched until the returned future completes. Waits for Ready() first by itself.
+  // and untouched until the returned future completes. Waits for Ready() first by itself, but
+  // never on the calling thread: on a buffer still being filled it returns a pending future at
+  // once (the conformance suite holds every backend to this).
   virtual Future<> ToHost(const MutableHostView& dst) = 0;
 
   // On backends whose memory the host can read (the host backend): a read-only view of the
@@ -64,10 +66,11 @@ class Buffer {
 
   // A partial read: copies `size_bytes` of the buffer's dense device bytes, starting at byte
   // `offset_bytes`, into `dst` as they are (no conversion). The caller keeps `dst` alive until
-  // the future completes. Waits for Ready() first by itself. InvalidArgument when the range is
-  // not inside the buffer or `dst` is null with a non-empty range; FailedPrecondition once the
-  // client is gone. The default reads through HostAccessibleView(); backends whose memory the
-  // host cannot address implement it with their own partial reads (pjrt: CopyRawToHost).
+  // the future completes. Waits for Ready() first by itself; the backends' own implementations
+  // (host, opencl, pjrt) never on the calling thread, as ToHost. InvalidArgument when the range
+  // is not inside the buffer or `dst` is null with a non-empty range; FailedPrecondition once the
+  // client is gone. The default (for a backend with none of its own) waits for Ready() on the
+  // calling thread and reads through HostAccessibleView().
   virtual Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst);
 
   // A copy of this buffer on `target` (the same device included): same dims and device dtype.

@@ -48,19 +48,43 @@ Future<> HostBuffer::ToHost(const MutableHostView& dst) {
       CopyConvertPlan::Create(HostView::Dense(allocation_->data(), device_dtype_, dims_), dst);
   if (!plan.ok()) return Future<>::Ready(plan.status());
 
+  const int64_t bytes = SaturatedProduct(plan->num_elements(), DTypeSize(device_dtype_));
+  return CopyOutOnceReady(*std::move(plan), bytes, "ToHost");
+}
+
+Future<> HostBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
+  if (Status valid = CheckRawRange(this->size_bytes(), offset_bytes, size_bytes, dst);
+      !valid.ok()) {
+    return Future<>::Ready(valid);
+  }
+  if (size_bytes == 0) {
+    Promise<> done;
+    ready_.OnReady([done](const Status& ready) { done.Set(ready); });
+    return done.future();
+  }
+  // The bytes, as bytes: the plan of a dense byte range is one memcpy (split over the engine's
+  // workers when large).
+  auto plan = CopyConvertPlan::Create(
+      HostView::Dense(allocation_->data() + offset_bytes, DType::kU8, {size_bytes}),
+      MutableHostView::Dense(dst, DType::kU8, {size_bytes}));
+  if (!plan.ok()) return Future<>::Ready(plan.status());
+  return CopyOutOnceReady(*std::move(plan), size_bytes, "CopyRawToHost");
+}
+
+Future<> HostBuffer::CopyOutOnceReady(CopyConvertPlan plan, int64_t bytes, std::string_view what) {
   Promise<> promise;
-  const bool small = SaturatedProduct(plan->num_elements(), DTypeSize(device_dtype_)) <=
-                     HostClient::kInlineCopyBytes;
+  const bool small = bytes <= HostClient::kInlineCopyBytes;
   // The read holds the memory (an allocation, or an alias and so its on_done) until it is over.
-  ready_.OnReady([promise, plan = *std::move(plan), engine = engine_, allocation = allocation_,
-                  small](const Status& ready) mutable {
+  ready_.OnReady([promise, plan = std::move(plan), engine = engine_, allocation = allocation_,
+                  small, what = std::string(what)](const Status& ready) mutable {
     if (!ready.ok()) {
       promise.Set(ready);
       return;
     }
     std::shared_ptr<TransferEngine> running = engine.lock();
     if (!running) {
-      promise.Set(FailedPreconditionError("ToHost: the buffer's host client has been destroyed"));
+      promise.Set(FailedPreconditionError(
+          fmt::format("{}: the buffer's host client has been destroyed", what)));
       return;
     }
     if (small) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "ferry/core/copy_convert.h"
 #include "ferry/core/future.h"
 #include "ferry/device/buffer.h"
 #include "ferry/device/device.h"
@@ -35,10 +36,16 @@ class HostBuffer final : public Buffer {
   int64_t size_bytes() const override;
   bool is_alias() const override { return allocation_->is_alias(); }
   Future<> Ready() const override { return ready_; }
+  // Both return at once: a buffer still being filled (create-then-fill) is read once it is ready.
   Future<> ToHost(const MutableHostView& dst) override;
+  Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
   StatusOr<HostView> HostAccessibleView() const override;
 
  private:
+  // Runs `plan` (a copy out of this buffer's memory of `bytes`) once Ready() completes: inline
+  // when small, else on the engine; the read holds the memory until it is over.
+  Future<> CopyOutOnceReady(CopyConvertPlan plan, int64_t bytes, std::string_view what);
+
   HostDevice* const device_;
   const DType device_dtype_;
   const Dims dims_;

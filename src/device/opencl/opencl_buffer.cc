@@ -231,6 +231,53 @@ void StartRead(ReadRequest request) {
   counter->Done(std::move(started));  // the starter's hold
 }
 
+// One CopyRawToHost, from the moment the buffer's writes are enqueued.
+struct RawReadRequest {
+  ClientLifetime::Token token;
+  std::shared_ptr<DeviceMemory> memory;
+  Future<> ready;
+  int64_t offset_bytes = 0;
+  int64_t size_bytes = 0;
+  void* dst = nullptr;
+  Promise<> done;
+  std::string what;
+};
+
+// Enqueues the partial read without waiting for it. `done` completes once it has run, with its
+// error or else with the buffer's Ready() status (the bytes are only valid once the writes have
+// succeeded). Like StartRead, it holds the memory only while it enqueues.
+void StartRawRead(RawReadRequest request) {
+  if (request.size_bytes == 0) {
+    request.ready.OnReady([done = request.done](const Status& ready) { done.Set(ready); });
+    return;
+  }
+  const DeviceQueue& queue = request.memory->queue();
+  const OpenClLibrary& cl = queue.cl();
+  cl_event event = nullptr;
+  const cl_int error = cl.clEnqueueReadBuffer(
+      queue.queue(), request.memory->mem(), CL_FALSE, static_cast<size_t>(request.offset_bytes),
+      static_cast<size_t>(request.size_bytes), request.dst, 0, nullptr, &event);
+  if (Status started = FERRY_OPENCL_STATUS(error, "clEnqueueReadBuffer (partial)", request.what);
+      !started.ok()) {
+    request.done.Set(std::move(started));
+    return;
+  }
+  request.memory.reset();
+  OnEventComplete(cl, event,
+                  [done = request.done, ready = request.ready, token = std::move(request.token),
+                   what = std::move(request.what)](cl_int execution_status) mutable {
+                    Status status = EventStatus(execution_status, "partial read", what);
+                    token.Release();
+                    if (!status.ok()) {
+                      done.Set(std::move(status));
+                      return;
+                    }
+                    // The writes ran before the read: report their status, if they failed.
+                    ready.OnReady([done](const Status& ready_status) { done.Set(ready_status); });
+                  });
+  cl.clFlush(queue.queue());
+}
+
 }  // namespace
 
 Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
@@ -240,20 +287,27 @@ Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, v
   }
   StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, "CopyRawToHost");
   if (!token.ok()) return Future<>::Ready(token.status());
-  if (Status enqueued = enqueued_.Await(); !enqueued.ok()) return Future<>::Ready(enqueued);
-  if (size_bytes > 0) {
-    const OpenClLibrary& cl = memory_->queue().cl();
-    const cl_int error = cl.clEnqueueReadBuffer(
-        memory_->queue().queue(), memory_->mem(), CL_TRUE, static_cast<size_t>(offset_bytes),
-        static_cast<size_t>(size_bytes), dst, 0, nullptr, nullptr);
-    if (error != CL_SUCCESS) {
-      return Future<>::Ready(FERRY_OPENCL_STATUS(
-          error, "clEnqueueReadBuffer (partial)",
-          fmt::format("tensor '{}' on {}", tensor_name_, memory_->queue().name())));
+  Promise<> done;
+  RawReadRequest request{
+      *std::move(token),
+      memory_,
+      ready_,
+      offset_bytes,
+      size_bytes,
+      dst,
+      done,
+      fmt::format("reading bytes [{}, {}) of tensor '{}' from {}", offset_bytes,
+                  offset_bytes + size_bytes, tensor_name_, memory_->queue().name())};
+  // As ToHost: the read goes into the in-order queue after every write of the buffer, on this
+  // thread when they are enqueued already, else on the staging worker once it has enqueued them.
+  enqueued_.OnReady([request = std::move(request)](const Status& enqueued) mutable {
+    if (!enqueued.ok()) {
+      request.done.Set(enqueued);
+      return;
     }
-  }
-  // The writes have completed (the read ran after them): report their status, if it failed.
-  return Future<>::Ready(ready_.Await());
+    StartRawRead(std::move(request));
+  });
+  return done.future();
 }
 
 Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
