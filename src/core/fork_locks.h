@@ -25,6 +25,7 @@ enum class ForkLockRank : int {
   kHostMemoryCache,
   kMappedFiles,
   kPluginErrors,
+  kPluginEvents,
   kSettings,
   kMetricsRegistry,  // the registry, then every metric's own lock
   kCount,

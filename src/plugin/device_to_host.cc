@@ -9,6 +9,7 @@
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/device/transfer_engine.h"
 #include "src/plugin/plugin_errors.h"
+#include "src/plugin/plugin_events.h"
 #include "src/plugin/plugin_types.h"
 #include "src/plugin/wrapped_plugin.h"
 
@@ -79,74 +80,100 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
                         Dims(dims.dims, dims.dims + dims.num_dims)};
 }
 
-// The buffer's ready event when it is complete without error (the caller owns it); else null.
-PJRT_Event* CompleteReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
-  auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = buffer;
-  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) return nullptr;
-  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
-  is_ready.event = ready.event;
-  bool complete = TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() && is_ready.is_ready;
-  if (complete) {
-    auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
-    error.event = ready.event;
-    complete = TakeError(api, api.PJRT_Event_Error(&error)).ok();
-  }
-  if (!complete) {
-    pjrt::DestroyEvent(api, ready.event);
-    return nullptr;
-  }
-  return ready.event;
-}
-
-// The buffer's ready event, complete without error (the caller owns it), once the buffer is
-// ready: a buffer still being computed (an Execute's output, which torch_xla reads at once) is
-// waited for on this thread. Null when it failed (the plugin then reports that error).
-PJRT_Event* ReadyEventOnceComputed(const PJRT_Api& api, PJRT_Buffer* buffer) {
-  if (PJRT_Event* ready = CompleteReadyEvent(api, buffer)) return ready;
-  auto pending = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  pending.buffer = buffer;
-  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&pending)).ok()) return nullptr;
-  if (!pjrt::AwaitEvent(api, pending.event, "the buffer to read").ok()) return nullptr;
-  return CompleteReadyEvent(api, buffer);
-}
-
 PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
   CountTransferPath(TransferPath::kReadByPlugin);
   return api.PJRT_Buffer_ToHostBuffer(args);
 }
 
-// ferry's read of `source` (held by an external reference) into args->dst.
-PJRT_Error* ReadHeld(WrappedPlugin& plugin, const ReadableBuffer& source,
-                     PJRT_Buffer_ToHostBuffer_Args* args) {
+// The copy of `plan` (`size_bytes`) once the buffer is ready (`ready` its status, and this on
+// the plugin's thread that completed it): inline when small, else on ferry's workers; then lets go
+// of the buffer's external reference and completes `copied`. Never waits.
+void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan plan,
+                   int64_t size_bytes, Promise<> copied, Status ready) {
+  if (ready.ok() && size_bytes > kInlineWriteBytes) {
+    StatusOr<Future<>> submitted =
+        WriteThroughEngine(plugin->engine(), std::move(plan),
+                           HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, nullptr);
+    if (submitted.ok()) {
+      submitted->OnReady([plugin, buffer, copied](const Status& status) {
+        ReleaseHold(plugin->wrapped(), buffer);
+        copied.Set(status);
+      });
+      return;
+    }
+    ready = submitted.status();
+  } else if (ready.ok() && size_bytes > 0) {
+    plan.CopyAll();
+  }
+  ReleaseHold(plugin->wrapped(), buffer);
+  copied.Set(std::move(ready));
+}
+
+// Whether `event` has completed without error.
+bool CompleteWithoutError(const PJRT_Api& api, PJRT_Event* event) {
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = event;
+  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || !is_ready.is_ready) return false;
+  auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
+  error.event = event;
+  return TakeError(api, api.PJRT_Event_Error(&error)).ok();
+}
+
+// ferry's read of `source` (held by an external reference, which this takes over) into
+// args->dst. It never waits for the buffer: a ready buffer is copied during the call; one still
+// being computed or filled (an Execute's output that torch_xla reads at once) is copied once the
+// plugin completes it (CopyOnceReady), and the call returns at once. args->event is ferry's own
+// event (plugin_events.h) for the copy.
+PJRT_Error* StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
+                          PJRT_Buffer_ToHostBuffer_Args* args) {
   const PJRT_Api& api = plugin.wrapped();
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (args->dst_size < static_cast<size_t>(size_bytes)) {
+    ReleaseHold(api, args->src);
     CountTransferPath(TransferPath::kRefused);
     return MakeError(InvalidArgumentError(
         fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
                     args->dst_size, size_bytes)));
   }
-  PJRT_Event* ready = ReadyEventOnceComputed(api, args->src);
-  if (ready == nullptr) return ByPlugin(api, args);
-  if (size_bytes > 0) {
-    StatusOr<CopyConvertPlan> plan =
-        CopyConvertPlan::Create(src, MutableHostView::Dense(args->dst, source.dtype, source.dims));
-    StatusOr<Future<>> copied =
-        plan.ok()
-            ? WriteThroughEngine(plugin.engine(), *std::move(plan),
-                                 HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, nullptr)
-            : StatusOr<Future<>>(plan.status());
-    Status status = copied.ok() ? copied->Await() : copied.status();
-    if (!status.ok()) {
-      pjrt::DestroyEvent(api, ready);
-      return MakeError(status);
-    }
+  StatusOr<CopyConvertPlan> plan =
+      CopyConvertPlan::Create(src, MutableHostView::Dense(args->dst, source.dtype, source.dims));
+  if (!plan.ok()) {
+    ReleaseHold(api, args->src);
+    return MakeError(plan.status());
   }
-  // The copy is done: the (complete) ready event is the read's event.
+  auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = args->src;
+  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) {
+    ReleaseHold(api, args->src);
+    return ByPlugin(api, args);
+  }
   CountTransferPath(TransferPath::kReadByFerry);
-  args->event = ready;
+  if (CompleteWithoutError(api, ready.event)) {
+    // A ready buffer (the usual read): copied during the call on every core, as the plugin
+    // would. Measured with torch_xla's `.cpu()`, a copy left to run after the call returns is
+    // slower here, its workers competing with the caller's own threads for the two cores.
+    pjrt::DestroyEvent(api, ready.event);
+    StatusOr<Future<>> copied =
+        size_bytes == 0
+            ? StatusOr<Future<>>(Future<>::Ready(OkStatus()))
+            : WriteThroughEngine(plugin.engine(), *std::move(plan),
+                                 HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, nullptr);
+    ReleaseHold(api, args->src);
+    if (!copied.ok()) return MakeError(copied.status());
+    args->event = MakeEvent(*std::move(copied));
+    return nullptr;
+  }
+  // A buffer still being computed or filled: the read starts when the plugin completes it.
+  Promise<> copied;
+  args->event = MakeEvent(copied.future());
+  pjrt::OnEventReady(
+      api, ready.event,
+      [plugin = &plugin, buffer = args->src, plan = *std::move(plan), size_bytes,
+       copied](Status status) mutable {
+        CopyOnceReady(plugin, buffer, std::move(plan), size_bytes, copied, std::move(status));
+      },
+      "the buffer to read");
   return nullptr;
 }
 
@@ -168,9 +195,7 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     ReleaseHold(api, args->src);
     return ByPlugin(api, args);
   }
-  PJRT_Error* error = ReadHeld(**plugin, *source, args);
-  ReleaseHold(api, args->src);
-  return error;
+  return StartHeldRead(**plugin, *source, args);
 }
 
 }  // namespace ferry::plugin

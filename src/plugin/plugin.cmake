@@ -6,6 +6,7 @@ add_library(ferry_pjrt_plugin MODULE
   src/plugin/ferry_pjrt_plugin.cc
   src/plugin/host_to_device.cc
   src/plugin/plugin_errors.cc
+  src/plugin/plugin_events.cc
   src/plugin/plugin_types.cc
   src/plugin/version_bridge.cc
   src/plugin/wrapped_plugin.cc

@@ -17,6 +17,7 @@
 #include "src/plugin/device_to_host.h"
 #include "src/plugin/host_to_device.h"
 #include "src/plugin/plugin_errors.h"
+#include "src/plugin/plugin_events.h"
 #include "src/plugin/version_bridge.h"
 
 namespace ferry::plugin {
@@ -101,12 +102,18 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   auto* plugin = new WrappedPlugin();
   plugin->library_ = library;
   SetWrappedErrorApi(library->api);
+  SetWrappedEventApi(library->api);
   // The whole table, at its own size: entries newer than ferry's header pass through untouched.
   auto* table = static_cast<PJRT_Api*>(std::calloc(1, wrapped.struct_size));
   std::memcpy(table, &wrapped, wrapped.struct_size);
   FERRY_REPLACE(table, PJRT_Error_Destroy, &DestroyError);
   FERRY_REPLACE(table, PJRT_Error_Message, &ErrorMessage);
   FERRY_REPLACE(table, PJRT_Error_GetCode, &ErrorGetCode);
+  FERRY_REPLACE(table, PJRT_Event_Destroy, &EventDestroy);
+  FERRY_REPLACE(table, PJRT_Event_IsReady, &EventIsReady);
+  FERRY_REPLACE(table, PJRT_Event_Error, &EventError);
+  FERRY_REPLACE(table, PJRT_Event_Await, &EventAwait);
+  FERRY_REPLACE(table, PJRT_Event_OnReady, &EventOnReady);
   FERRY_REPLACE(table, PJRT_Plugin_Initialize, &InitializeAlreadyDone);
   FERRY_REPLACE(table, PJRT_Client_BufferFromHostBuffer, &BufferFromHostBuffer);
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);

@@ -8,10 +8,12 @@
 //   PJRT_Plugin_Initialize run once);
 // - ferry's table is a byte copy of the wrapped table, of the wrapped table's own struct_size (a
 //   newer plugin's extra entries pass through untouched), with only these entries replaced: the
-//   three error entries (plugin_errors.h), PJRT_Plugin_Initialize (the wrapped plugin is already
-//   initialised), PJRT_Client_BufferFromHostBuffer (host_to_device.h), PJRT_Buffer_ToHostBuffer
-//   (device_to_host.h) and PJRT_LoadedExecutable_Execute (version_bridge.h: an older framework's
-//   options, zero-extended). An entry the wrapped table lacks is never added.
+//   three error entries (plugin_errors.h), the five event entries (plugin_events.h: ferry's
+//   asynchronous reads return events of ferry's own), PJRT_Plugin_Initialize (the wrapped plugin is
+//   already initialised), PJRT_Client_BufferFromHostBuffer (host_to_device.h),
+//   PJRT_Buffer_ToHostBuffer (device_to_host.h) and PJRT_LoadedExecutable_Execute
+//   (version_bridge.h: an older framework's options, zero-extended). An entry the wrapped table
+//   lacks is never added.
 //
 // Ownership: the instance, the table and the wrapped library live until the process exits (plugin
 // threads may call into them at exit). Thread-safe.

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -153,7 +154,7 @@ class FerryPjrtPluginTest : public ::testing::Test {
 };
 
 TEST_F(FerryPjrtPluginTest,
-       table_is_the_wrapped_table_with_only_transfer_error_and_bridged_entries_replaced) {
+       table_is_the_wrapped_table_with_only_transfer_error_event_and_bridged_entries_replaced) {
   std::printf("wrapped: %s (API %d.%d, a table of %zu bytes)\n", Wrapped()->path.c_str(),
               Wrapped()->major_version, Wrapped()->minor_version, wrapped().struct_size);
   ASSERT_EQ(ferry().struct_size, wrapped().struct_size);
@@ -161,7 +162,10 @@ TEST_F(FerryPjrtPluginTest,
   const std::vector<size_t> replaced = {
       offsetof(PJRT_Api, PJRT_Error_Destroy), offsetof(PJRT_Api, PJRT_Error_Message),
       offsetof(PJRT_Api, PJRT_Error_GetCode), offsetof(PJRT_Api, PJRT_Plugin_Initialize),
-      offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
+      // ferry's own events (plugin_events.h).
+      offsetof(PJRT_Api, PJRT_Event_Destroy), offsetof(PJRT_Api, PJRT_Event_IsReady),
+      offsetof(PJRT_Api, PJRT_Event_Error), offsetof(PJRT_Api, PJRT_Event_Await),
+      offsetof(PJRT_Api, PJRT_Event_OnReady), offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
       offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
       // The version bridge (version_bridge.h).
       offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
@@ -370,6 +374,100 @@ TEST_F(FerryPjrtPluginTest, done_with_host_buffer_is_a_complete_event_of_the_wra
             std::string::npos);
   auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   destroy.buffer = put.buffer;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+}
+
+// ferry's ToHostBuffer returns at once with an event of its own. On a buffer still being filled
+// (the wrapped plugin's transfer manager: not ready until its data comes) the call returns with
+// the event pending; the event completes once the fill has and ferry has copied, and answers
+// through every event entry of ferry's table (OnReady once, with no error; Await; IsReady; Error).
+TEST_F(FerryPjrtPluginTest, a_read_of_a_buffer_not_yet_filled_returns_at_once_with_ferrys_event) {
+  Client client(ferry());
+  const std::vector<int64_t> dims = {1024, 1024};  // 4 MiB: copied on ferry's workers
+  std::vector<float> source(1024 * 1024);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>(i % 4093);
+  auto spec = FERRY_PJRT_ARGS(PJRT_ShapeSpec);
+  spec.dims = dims.data();
+  spec.num_dims = dims.size();
+  spec.element_type = PJRT_Buffer_Type_F32;
+  auto create = FERRY_PJRT_ARGS(PJRT_Client_CreateBuffersForAsyncHostToDevice_Args);
+  create.client = client.client();
+  create.shape_specs = &spec;
+  create.num_shape_specs = 1;
+  auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
+  memory.device = client.device();
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Device_DefaultMemory(&memory)), "");
+  create.memory = memory.memory;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_CreateBuffersForAsyncHostToDevice(&create)), "");
+  auto retrieve = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer_Args);
+  retrieve.transfer_manager = create.transfer_manager;
+  ASSERT_EQ(
+      Describe(ferry(), ferry().PJRT_AsyncHostToDeviceTransferManager_RetrieveBuffer(&retrieve)),
+      "");
+
+  const std::vector<int64_t> before = Counters();
+  std::vector<float> out(source.size(), -1.0f);
+  auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  read.src = retrieve.buffer_out;
+  read.dst = out.data();
+  read.dst_size = out.size() * sizeof(float);
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)), "");
+  ASSERT_NE(read.event, nullptr);
+  EXPECT_EQ(Counters()[2] - before[2], 1) << "read by ferry";
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = read.event;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&is_ready)), "");
+  EXPECT_FALSE(is_ready.is_ready) << "the buffer has no data yet: the read cannot have finished";
+  struct Seen {
+    std::atomic<int> calls{0};
+    std::atomic<bool> with_error{false};
+  } seen;
+  auto on_ready = FERRY_PJRT_ARGS(PJRT_Event_OnReady_Args);
+  on_ready.event = read.event;
+  on_ready.user_arg = &seen;
+  on_ready.callback = [](PJRT_Error* error, void* user_arg) {
+    auto* state = static_cast<Seen*>(user_arg);
+    if (error != nullptr) {
+      state->with_error = true;
+      auto destroy = FERRY_PJRT_ARGS(PJRT_Error_Destroy_Args);
+      destroy.error = error;
+      FerryTable()->PJRT_Error_Destroy(&destroy);
+    }
+    state->calls.fetch_add(1);
+  };
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_OnReady(&on_ready)), "");
+
+  auto transfer = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_TransferData_Args);
+  transfer.transfer_manager = create.transfer_manager;
+  transfer.data = source.data();
+  transfer.transfer_size = static_cast<int64_t>(source.size() * sizeof(float));
+  transfer.is_last_transfer = true;
+  ASSERT_EQ(
+      Describe(ferry(), ferry().PJRT_AsyncHostToDeviceTransferManager_TransferData(&transfer)), "");
+  // The wrapped plugin's own event goes through ferry's event entries untouched.
+  EXPECT_EQ(pjrt::AwaitEvent(ferry(), transfer.done_with_h2d_transfer, "fill").ToString(), "OK");
+  auto await = FERRY_PJRT_ARGS(PJRT_Event_Await_Args);
+  await.event = read.event;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_Await(&await)), "");
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&is_ready)), "");
+  EXPECT_TRUE(is_ready.is_ready);
+  auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
+  error.event = read.event;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_Error(&error)), "");
+  EXPECT_EQ(seen.calls.load(), 1);
+  EXPECT_FALSE(seen.with_error.load());
+  EXPECT_EQ(out, source);
+  auto destroy_event = FERRY_PJRT_ARGS(PJRT_Event_Destroy_Args);
+  destroy_event.event = read.event;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_Destroy(&destroy_event)), "");
+
+  auto destroy_manager = FERRY_PJRT_ARGS(PJRT_AsyncHostToDeviceTransferManager_Destroy_Args);
+  destroy_manager.transfer_manager = create.transfer_manager;
+  EXPECT_EQ(
+      Describe(ferry(), ferry().PJRT_AsyncHostToDeviceTransferManager_Destroy(&destroy_manager)),
+      "");
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  destroy.buffer = retrieve.buffer_out;
   EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
 }
 

@@ -1,0 +1,138 @@
+#include "src/plugin/plugin_events.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "ferry/core/mutex.h"
+#include "src/core/fork_locks.h"
+#include "src/plugin/plugin_errors.h"
+
+// The opaque type of the C API, defined by each plugin for its own events; ferry's are a different
+// type behind the same name, told apart by the registry below, never by reading them.
+struct FerryPluginEvent {
+  ferry::Future<> done;
+};
+
+namespace ferry::plugin {
+namespace {
+
+std::atomic<const PJRT_Api*> wrapped_api{nullptr};
+
+// The events ferry made and nobody has destroyed yet. Never freed: plugin threads may use events
+// while the process exits.
+class EventRegistry {
+ public:
+  EventRegistry() { internal::RegisterForkLock(internal::ForkLockRank::kPluginEvents, mutex_); }
+
+  void Add(const void* event) {
+    MutexLock lock(mutex_);
+    live_.insert(event);
+  }
+  // True (and forgets it) when `event` was ferry's.
+  bool Remove(const void* event) {
+    MutexLock lock(mutex_);
+    return live_.erase(event) > 0;
+  }
+  bool Contains(const void* event) {
+    MutexLock lock(mutex_);
+    return live_.contains(event);
+  }
+
+ private:
+  Mutex mutex_;
+  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mutex_);
+};
+
+EventRegistry& Registry() {
+  static auto* registry = new EventRegistry();
+  return *registry;
+}
+
+FerryPluginEvent* AsFerryEvent(PJRT_Event* event) {
+  return event != nullptr && Registry().Contains(event) ? reinterpret_cast<FerryPluginEvent*>(event)
+                                                        : nullptr;
+}
+
+// The caller's PJRT_Error for a completed event's status: null for OK.
+PJRT_Error* ErrorOf(const Status& status) { return status.ok() ? nullptr : MakeError(status); }
+
+const PJRT_Api* Wrapped() { return wrapped_api.load(); }
+
+PJRT_Error* NoWrappedPlugin(const char* entry) {
+  return MakeError(FailedPreconditionError(std::string(entry) + ": no wrapped plugin"));
+}
+
+}  // namespace
+
+PJRT_Event* MakeEvent(Future<> done) {
+  auto* event = new FerryPluginEvent{std::move(done)};
+  Registry().Add(event);
+  return reinterpret_cast<PJRT_Event*>(event);
+}
+
+bool IsFerryEvent(const PJRT_Event* event) { return Registry().Contains(event); }
+
+void SetWrappedEventApi(const PJRT_Api* wrapped) { wrapped_api.store(wrapped); }
+
+PJRT_Error* EventDestroy(PJRT_Event_Destroy_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Destroy: null args"));
+  if (args->event == nullptr) return nullptr;
+  if (Registry().Remove(args->event)) {
+    // The callbacks registered on it hold the future's state: they still run.
+    delete reinterpret_cast<FerryPluginEvent*>(args->event);
+    return nullptr;
+  }
+  const PJRT_Api* wrapped = Wrapped();
+  return wrapped != nullptr ? wrapped->PJRT_Event_Destroy(args)
+                            : NoWrappedPlugin("PJRT_Event_Destroy");
+}
+
+PJRT_Error* EventIsReady(PJRT_Event_IsReady_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_IsReady: null args"));
+  if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
+    args->is_ready = mine->done.IsReady();
+    return nullptr;
+  }
+  const PJRT_Api* wrapped = Wrapped();
+  return wrapped != nullptr ? wrapped->PJRT_Event_IsReady(args)
+                            : NoWrappedPlugin("PJRT_Event_IsReady");
+}
+
+PJRT_Error* EventError(PJRT_Event_Error_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Error: null args"));
+  if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
+    if (!mine->done.IsReady()) {
+      return MakeError(
+          FailedPreconditionError("PJRT_Event_Error: the event has not completed (IsReady first)"));
+    }
+    return ErrorOf(mine->done.Await());
+  }
+  const PJRT_Api* wrapped = Wrapped();
+  return wrapped != nullptr ? wrapped->PJRT_Event_Error(args) : NoWrappedPlugin("PJRT_Event_Error");
+}
+
+PJRT_Error* EventAwait(PJRT_Event_Await_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Await: null args"));
+  if (FerryPluginEvent* mine = AsFerryEvent(args->event)) return ErrorOf(mine->done.Await());
+  const PJRT_Api* wrapped = Wrapped();
+  return wrapped != nullptr ? wrapped->PJRT_Event_Await(args) : NoWrappedPlugin("PJRT_Event_Await");
+}
+
+PJRT_Error* EventOnReady(PJRT_Event_OnReady_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_OnReady: null args"));
+  if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
+    if (args->callback == nullptr) {
+      return MakeError(InvalidArgumentError("PJRT_Event_OnReady: null callback"));
+    }
+    // The callback owns the error it is given (PJRT's rule), as with the wrapped plugin's events.
+    mine->done.OnReady([callback = args->callback, user_arg = args->user_arg](
+                           const Status& status) { callback(ErrorOf(status), user_arg); });
+    return nullptr;
+  }
+  const PJRT_Api* wrapped = Wrapped();
+  return wrapped != nullptr ? wrapped->PJRT_Event_OnReady(args)
+                            : NoWrappedPlugin("PJRT_Event_OnReady");
+}
+
+}  // namespace ferry::plugin
