@@ -93,7 +93,7 @@ TEST(FutureTest, on_ready_runs_once_on_the_setting_thread) {
   std::thread setter([&] {
     setter_thread = std::this_thread::get_id();
     promise.Set(7);
-    promise.Set(8);  // ignored: must not run the callback again
+    EXPECT_FALSE(promise.SetIfUnset(8));  // ignored: must not run the callback again
   });
   setter.join();
   EXPECT_EQ(calls.load(), 1);
@@ -101,19 +101,32 @@ TEST(FutureTest, on_ready_runs_once_on_the_setting_thread) {
   EXPECT_NE(callback_thread, std::this_thread::get_id());
 }
 
-TEST(FutureTest, second_set_is_ignored) {
+TEST(FutureTest, set_if_unset_keeps_the_first_value) {
   Promise<> promise;
-  promise.Set(InvalidArgumentError("first"));
-  promise.Set(OkStatus());
-  promise.Set(InternalError("third"));
+  EXPECT_TRUE(promise.SetIfUnset(InvalidArgumentError("first")));
+  EXPECT_FALSE(promise.SetIfUnset(OkStatus()));
+  EXPECT_FALSE(promise.SetIfUnset(InternalError("third")));
   const Status& status = promise.future().Await();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "first");
 
   Promise<std::string> value_promise;
   value_promise.Set(std::string("kept"));
-  value_promise.Set(std::string("dropped"));
+  EXPECT_FALSE(value_promise.SetIfUnset(std::string("dropped")));
   EXPECT_EQ(*value_promise.future().Await(), "kept");
+}
+
+// A second Set is a bug of the producer: with assertions on (the sanitizer builds) it stops the
+// process, naming it; without, the first value stands.
+TEST(FutureTest, second_set_is_a_debug_check) {
+  Promise<> promise;
+  promise.Set(InvalidArgumentError("first"));
+#ifndef NDEBUG
+  EXPECT_DEATH(promise.Set(OkStatus()), "already set");
+#else
+  promise.Set(OkStatus());
+#endif
+  EXPECT_EQ(promise.future().Await().message(), "first");
 }
 
 TEST(FutureTest, every_callback_runs_exactly_once_with_many_registrations) {

@@ -1,7 +1,10 @@
 // Future<T> / Promise<T>: a one-shot value (or error Status) produced on one thread and consumed
 // on others, in the manner of PJRT's futures.
 //
-// - A Promise is set once; later Sets are ignored (the first value stands). When the last copy of
+// - A Promise is set once. A second Set is a bug of its producer: builds with assertions on (the
+//   sanitizer builds: no NDEBUG) stop at it; others ignore it (the first value stands). Producers
+//   that race by design (a completion against a cancellation) say so with SetIfUnset, whose later
+//   calls are ignored in every build. When the last copy of
 //   a Promise goes without having been set, its future completes with Aborted ("dropped before it
 //   was set") instead of never: a producer that fails without saying so cannot hang its consumers.
 // - `Future::OnReady(cb)` runs `cb` exactly once: inline on the calling thread if the future is
@@ -16,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cassert>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -47,11 +51,12 @@ class FutureState {
   // value_ is written once, under the lock, before set_ is released; from then on it is immutable,
   // and the readers below take it without the lock once set_ (acquire) says so, which the static
   // analysis cannot follow: they are excluded from it, and TSan checks them at run time.
-  void Set(Value value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  // Stores `value` and runs the callbacks; false (and nothing changes) when already set.
+  bool Set(Value value) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     std::vector<Callback> callbacks;
     {
       MutexLock lock(mutex_);
-      if (value_.has_value()) return;  // set once; later sets are ignored
+      if (value_.has_value()) return false;  // set once
       value_.emplace(std::move(value));
       set_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
@@ -59,6 +64,7 @@ class FutureState {
     ready_.notify_all();
     // The value is immutable from here on: callbacks read it without the lock.
     for (Callback& callback : callbacks) std::move(callback)(*value_);
+    return true;
   }
 
   // Once set_ reads true (acquire), value_ is immutable and visible: no lock needed.
@@ -127,8 +133,14 @@ class Promise {
       : state_(std::make_shared<internal::FutureState<T>>()),
         unset_guard_(std::make_shared<UnsetGuard>(state_)) {}
 
-  // Completes the future; runs its waiting callbacks on this thread.
-  void Set(Value value) const { state_->Set(std::move(value)); }
+  // Completes the future; runs its waiting callbacks on this thread. Exactly once per promise
+  // (see the top of this file).
+  void Set(Value value) const {
+    [[maybe_unused]] const bool first = state_->Set(std::move(value));
+    assert(first && "Promise::Set called on a promise already set (use SetIfUnset where racing)");
+  }
+  // Completes the future unless it already is; true when this call did.
+  bool SetIfUnset(Value value) const { return state_->Set(std::move(value)); }
   Future<T> future() const { return Future<T>(state_); }
 
  private:
