@@ -13,6 +13,10 @@ Cases (torch's sources; a put is timed until the data is on the device, a read u
                .to(xla), the conversion its own XLA_DOWNCAST path does; ferry: device_dtype)
   bf16         4096x4096 bfloat16
   read         device -> host of 4096x4096 float32 (`.cpu()`; ferry: device_get)
+  read8        8 device -> host reads of 1024x1024 float32 started together (torch_xla: 8 tensors
+               just computed, `x * 2 + 1` after `sync(wait=False)`, read by
+               `_xla_get_cpu_tensors`; ferry: `device_get` of a list of 8 arrays)
+  read8_serial the same 8 reads one after the other (`.cpu()` each; ferry: `device_get` each)
 Medians of --repeats runs after one warm-up, and the peak extra host memory of one transpose put
 (ru_maxrss of a process that does only that, over one that only makes the source, less the 64 MiB
 of the device copy itself: CPU device memory is host memory).
@@ -32,7 +36,7 @@ import sys
 
 from bench_json import write_document
 
-CASES = ["contiguous", "transpose", "strided", "f64_as_f32", "bf16", "read"]
+CASES = ["contiguous", "transpose", "strided", "f64_as_f32", "bf16", "read", "read8", "read8_serial"]
 
 CHILD = r'''
 import json, os, resource, statistics, sys, time
@@ -47,6 +51,8 @@ def sources():
         "contiguous": lambda: base, "transpose": lambda: base.t(),
         "strided": lambda: torch.randn(8192, 8192, generator=g)[::2, ::2],
         "f64_as_f32": lambda: base.double(), "bf16": lambda: base.bfloat16(), "read": lambda: base,
+        "read8": lambda: [torch.full((1024, 1024), float(i)) for i in range(8)],
+        "read8_serial": lambda: [torch.full((1024, 1024), float(i)) for i in range(8)],
     }
     for name, make in makers.items():
         if not case_filter or name in case_filter.split(","):
@@ -68,6 +74,17 @@ if mode.startswith("xla"):
             on = src.to(dev); torch_xla.sync()
             results[name] = timed(lambda: on.cpu(), repeats)
             continue
+        if name.startswith("read8"):
+            ons = [each.to(dev) for each in src]; torch_xla.sync()
+
+            def computed(ons=ons):
+                outs = [on * 2 + 1 for on in ons]
+                torch_xla.sync(wait=False)
+                return outs
+            read8 = ((lambda: torch_xla._XLAC._xla_get_cpu_tensors(computed())) if name == "read8"
+                     else (lambda: [out.cpu() for out in computed()]))
+            results[name] = timed(read8, repeats)
+            continue
         convert = (lambda s: s.to(torch.float32)) if name == "f64_as_f32" else (lambda s: s)
 
         def put_and_wait():
@@ -79,6 +96,12 @@ else:
     import ferry
     device = ferry.device(mode)
     for name, src in sources():
+        if name.startswith("read8"):
+            ons = [ferry.device_put(each, device).block_until_ready() for each in src]
+            read8 = ((lambda: ferry.device_get(ons)) if name == "read8"
+                     else (lambda: [ferry.device_get(on) for on in ons]))
+            results[name] = timed(read8, repeats)
+            continue
         if name == "read":
             on = ferry.device_put(src, device).block_until_ready()
             out = torch.empty_like(src).numpy()

@@ -4,10 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
-#include "ferry/core/mutex.h"
-#include "src/core/fork_locks.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/plugin/handle_registry.h"
 
 // The opaque type of the C API, defined by each plugin for its own errors; ferry's errors are a
 // different type behind the same name, told apart by the registry below, never by reading them.
@@ -21,33 +19,9 @@ namespace {
 
 std::atomic<const PJRT_Api*> wrapped_api{nullptr};
 
-// The errors ferry made and nobody has destroyed yet. Never freed: plugin threads may report
-// errors while the process exits.
-class ErrorRegistry {
- public:
-  ErrorRegistry() { internal::RegisterForkLock(internal::ForkLockRank::kPluginErrors, mutex_); }
-
-  void Add(const void* error) {
-    MutexLock lock(mutex_);
-    live_.insert(error);
-  }
-  // True (and forgets it) when `error` was ferry's.
-  bool Remove(const void* error) {
-    MutexLock lock(mutex_);
-    return live_.erase(error) > 0;
-  }
-  bool Contains(const void* error) {
-    MutexLock lock(mutex_);
-    return live_.contains(error);
-  }
-
- private:
-  Mutex mutex_;
-  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mutex_);
-};
-
-ErrorRegistry& Registry() {
-  static auto* registry = new ErrorRegistry();
+// The errors ferry made and nobody has destroyed yet.
+HandleRegistry& Registry() {
+  static auto* registry = new HandleRegistry(internal::ForkLockRank::kPluginErrors);
   return *registry;
 }
 

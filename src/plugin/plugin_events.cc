@@ -3,9 +3,7 @@
 #include <atomic>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
-#include "ferry/core/mutex.h"
-#include "src/core/fork_locks.h"
+#include "src/plugin/handle_registry.h"
 #include "src/plugin/plugin_errors.h"
 
 // The opaque type of the C API, defined by each plugin for its own events; ferry's are a different
@@ -19,33 +17,9 @@ namespace {
 
 std::atomic<const PJRT_Api*> wrapped_api{nullptr};
 
-// The events ferry made and nobody has destroyed yet. Never freed: plugin threads may use events
-// while the process exits.
-class EventRegistry {
- public:
-  EventRegistry() { internal::RegisterForkLock(internal::ForkLockRank::kPluginEvents, mutex_); }
-
-  void Add(const void* event) {
-    MutexLock lock(mutex_);
-    live_.insert(event);
-  }
-  // True (and forgets it) when `event` was ferry's.
-  bool Remove(const void* event) {
-    MutexLock lock(mutex_);
-    return live_.erase(event) > 0;
-  }
-  bool Contains(const void* event) {
-    MutexLock lock(mutex_);
-    return live_.contains(event);
-  }
-
- private:
-  Mutex mutex_;
-  absl::flat_hash_set<const void*> live_ ABSL_GUARDED_BY(mutex_);
-};
-
-EventRegistry& Registry() {
-  static auto* registry = new EventRegistry();
+// The events ferry made and nobody has destroyed yet.
+HandleRegistry& Registry() {
+  static auto* registry = new HandleRegistry(internal::ForkLockRank::kPluginEvents);
   return *registry;
 }
 

@@ -118,19 +118,8 @@ class PinningPlugin {
       args->bytes_limit_is_set = false;
       return nullptr;
     };
-    api.PJRT_Error_Message = [](PJRT_Error_Message_Args* args) {
-      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_Message(args);
-      args->message = "no pinnable memory left (test)";
-      args->message_size = std::strlen(args->message);
-    };
-    api.PJRT_Error_GetCode = [](PJRT_Error_GetCode_Args* args) -> PJRT_Error* {
-      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_GetCode(args);
-      args->code = PJRT_Error_Code_RESOURCE_EXHAUSTED;
-      return nullptr;
-    };
-    api.PJRT_Error_Destroy = [](PJRT_Error_Destroy_Args* args) {
-      if (args->error != Sentinel()) PatchedPjrtApi::real().PJRT_Error_Destroy(args);
-    };
+    patched_.AnswerSentinelError("no pinnable memory left (test)",
+                                 PJRT_Error_Code_RESOURCE_EXHAUSTED);
   }
 
   static int64_t maps() {
@@ -146,10 +135,7 @@ class PinningPlugin {
   static constexpr int64_t kPeak = 987654321;
 
  private:
-  static PJRT_Error* Sentinel() {
-    static char sentinel;
-    return reinterpret_cast<PJRT_Error*>(&sentinel);
-  }
+  static PJRT_Error* Sentinel() { return PatchedPjrtApi::SentinelError(); }
 
   PatchedPjrtApi patched_;
   static inline Mutex mutex_;

@@ -488,31 +488,15 @@ TEST(PjrtTest, RejectedClientOptionsLeaveNoPluginClientBehind) {
 class FailingReadyEvent {
  public:
   explicit FailingReadyEvent(const pjrt::PjrtLibrary* library) : patched_(library) {
-    PJRT_Api& fake = patched_.api();
-    fake.PJRT_Buffer_ReadyEvent = [](PJRT_Buffer_ReadyEvent_Args*) { return Sentinel(); };
-    fake.PJRT_Error_Message = [](PJRT_Error_Message_Args* args) {
-      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_Message(args);
-      args->message = kMessage;
-      args->message_size = std::strlen(kMessage);
+    patched_.api().PJRT_Buffer_ReadyEvent = [](PJRT_Buffer_ReadyEvent_Args*) {
+      return PatchedPjrtApi::SentinelError();
     };
-    fake.PJRT_Error_GetCode = [](PJRT_Error_GetCode_Args* args) -> PJRT_Error* {
-      if (args->error != Sentinel()) return PatchedPjrtApi::real().PJRT_Error_GetCode(args);
-      args->code = PJRT_Error_Code_RESOURCE_EXHAUSTED;
-      return nullptr;
-    };
-    fake.PJRT_Error_Destroy = [](PJRT_Error_Destroy_Args* args) {
-      if (args->error != Sentinel()) PatchedPjrtApi::real().PJRT_Error_Destroy(args);
-    };
+    patched_.AnswerSentinelError(kMessage, PJRT_Error_Code_RESOURCE_EXHAUSTED);
   }
 
   static constexpr const char* kMessage = "no ready event (test)";
 
  private:
-  static PJRT_Error* Sentinel() {
-    static char sentinel;
-    return reinterpret_cast<PJRT_Error*>(&sentinel);
-  }
-
   PatchedPjrtApi patched_;
 };
 
