@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -454,6 +456,12 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_buffer_not_yet_filled_returns_at_once_wi
   auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
   error.event = read.event;
   EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_Error(&error)), "");
+  // Await may return before the event's callbacks have run (they run on the completing thread,
+  // after waiters are woken, as with PJRT's own events): wait for the callback, which holds `seen`.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (seen.calls.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(seen.calls.load(), 1);
   EXPECT_FALSE(seen.with_error.load());
   EXPECT_EQ(out, source);
