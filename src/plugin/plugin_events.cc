@@ -31,10 +31,15 @@ FerryPluginEvent* AsFerryEvent(PJRT_Event* event) {
 // The caller's PJRT_Error for a completed event's status: null for OK.
 PJRT_Error* ErrorOf(const Status& status) { return status.ok() ? nullptr : MakeError(status); }
 
-const PJRT_Api* Wrapped() { return wrapped_api.load(); }
-
-PJRT_Error* NoWrappedPlugin(const char* entry) {
-  return MakeError(FailedPreconditionError(std::string(entry) + ": no wrapped plugin"));
+// The wrapped plugin's `entry` (named `name` in the error when there is no wrapped plugin) for an
+// event that is not ferry's.
+template <typename Entry, typename Args>
+PJRT_Error* Forward(Entry* PJRT_Api::*entry, Args* args, const char* name) {
+  const PJRT_Api* wrapped = wrapped_api.load();
+  if (wrapped == nullptr) {
+    return MakeError(FailedPreconditionError(std::string(name) + ": no wrapped plugin"));
+  }
+  return (wrapped->*entry)(args);
 }
 
 }  // namespace
@@ -44,8 +49,6 @@ PJRT_Event* MakeEvent(Future<> done) {
   Registry().Add(event);
   return reinterpret_cast<PJRT_Event*>(event);
 }
-
-bool IsFerryEvent(const PJRT_Event* event) { return Registry().Contains(event); }
 
 void SetWrappedEventApi(const PJRT_Api* wrapped) { wrapped_api.store(wrapped); }
 
@@ -57,9 +60,7 @@ PJRT_Error* EventDestroy(PJRT_Event_Destroy_Args* args) {
     delete reinterpret_cast<FerryPluginEvent*>(args->event);
     return nullptr;
   }
-  const PJRT_Api* wrapped = Wrapped();
-  return wrapped != nullptr ? wrapped->PJRT_Event_Destroy(args)
-                            : NoWrappedPlugin("PJRT_Event_Destroy");
+  return Forward(&PJRT_Api::PJRT_Event_Destroy, args, "PJRT_Event_Destroy");
 }
 
 PJRT_Error* EventIsReady(PJRT_Event_IsReady_Args* args) {
@@ -68,9 +69,7 @@ PJRT_Error* EventIsReady(PJRT_Event_IsReady_Args* args) {
     args->is_ready = mine->done.IsReady();
     return nullptr;
   }
-  const PJRT_Api* wrapped = Wrapped();
-  return wrapped != nullptr ? wrapped->PJRT_Event_IsReady(args)
-                            : NoWrappedPlugin("PJRT_Event_IsReady");
+  return Forward(&PJRT_Api::PJRT_Event_IsReady, args, "PJRT_Event_IsReady");
 }
 
 PJRT_Error* EventError(PJRT_Event_Error_Args* args) {
@@ -82,15 +81,13 @@ PJRT_Error* EventError(PJRT_Event_Error_Args* args) {
     }
     return ErrorOf(mine->done.Await());
   }
-  const PJRT_Api* wrapped = Wrapped();
-  return wrapped != nullptr ? wrapped->PJRT_Event_Error(args) : NoWrappedPlugin("PJRT_Event_Error");
+  return Forward(&PJRT_Api::PJRT_Event_Error, args, "PJRT_Event_Error");
 }
 
 PJRT_Error* EventAwait(PJRT_Event_Await_Args* args) {
   if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Await: null args"));
   if (FerryPluginEvent* mine = AsFerryEvent(args->event)) return ErrorOf(mine->done.Await());
-  const PJRT_Api* wrapped = Wrapped();
-  return wrapped != nullptr ? wrapped->PJRT_Event_Await(args) : NoWrappedPlugin("PJRT_Event_Await");
+  return Forward(&PJRT_Api::PJRT_Event_Await, args, "PJRT_Event_Await");
 }
 
 PJRT_Error* EventOnReady(PJRT_Event_OnReady_Args* args) {
@@ -104,9 +101,7 @@ PJRT_Error* EventOnReady(PJRT_Event_OnReady_Args* args) {
                            const Status& status) { callback(ErrorOf(status), user_arg); });
     return nullptr;
   }
-  const PJRT_Api* wrapped = Wrapped();
-  return wrapped != nullptr ? wrapped->PJRT_Event_OnReady(args)
-                            : NoWrappedPlugin("PJRT_Event_OnReady");
+  return Forward(&PJRT_Api::PJRT_Event_OnReady, args, "PJRT_Event_OnReady");
 }
 
 }  // namespace ferry::plugin

@@ -22,9 +22,6 @@ namespace ferry::plugin {
 // The caller owns it and frees it with the table's PJRT_Event_Destroy.
 PJRT_Event* MakeEvent(Future<> done);
 
-// Whether `event` is one of ferry's (made by MakeEvent and not destroyed yet).
-bool IsFerryEvent(const PJRT_Event* event);
-
 // The five entries of ferry's table. They forward events ferry did not make to `wrapped`
 // (SetWrappedEventApi must have been called before any event reaches them).
 void SetWrappedEventApi(const PJRT_Api* wrapped);

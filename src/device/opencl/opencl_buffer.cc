@@ -278,6 +278,21 @@ void StartRawRead(RawReadRequest request) {
   cl.clFlush(queue.queue());
 }
 
+// Runs `start(request)` once `enqueued` (every write of the buffer enqueued) completes: reads go
+// into the in-order queue after the writes. The continuation runs on this thread when the writes
+// are enqueued already, else on the staging worker once it has enqueued them; a failure to
+// enqueue them completes request.done with that error instead.
+template <typename Request>
+void StartOnceWritesEnqueued(const Future<>& enqueued, Request request, void (*start)(Request)) {
+  enqueued.OnReady([request = std::move(request), start](const Status& status) mutable {
+    if (!status.ok()) {
+      request.done.Set(status);
+      return;
+    }
+    start(std::move(request));
+  });
+}
+
 }  // namespace
 
 Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) {
@@ -298,15 +313,7 @@ Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, v
       done,
       fmt::format("reading bytes [{}, {}) of tensor '{}' from {}", offset_bytes,
                   offset_bytes + size_bytes, tensor_name_, memory_->queue().name())};
-  // As ToHost: the read goes into the in-order queue after every write of the buffer, on this
-  // thread when they are enqueued already, else on the staging worker once it has enqueued them.
-  enqueued_.OnReady([request = std::move(request)](const Status& enqueued) mutable {
-    if (!enqueued.ok()) {
-      request.done.Set(enqueued);
-      return;
-    }
-    StartRawRead(std::move(request));
-  });
+  StartOnceWritesEnqueued(enqueued_, std::move(request), &StartRawRead);
   return done.future();
 }
 
@@ -333,15 +340,7 @@ Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
                       ChooseTransferPath(dst, device_dtype_),
                       done,
                       what};
-  // Reads go into the in-order queue after every write of this buffer; the continuation runs on
-  // this thread (writes already enqueued) or on the staging worker once it has enqueued them.
-  enqueued_.OnReady([request = std::move(request)](const Status& enqueued) mutable {
-    if (!enqueued.ok()) {
-      request.done.Set(enqueued);
-      return;
-    }
-    StartRead(std::move(request));
-  });
+  StartOnceWritesEnqueued(enqueued_, std::move(request), &StartRead);
   return done.future();
 }
 

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/functional/any_invocable.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/metrics.h"
@@ -160,59 +161,47 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
 
 Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_bytes,
                                       int64_t size_bytes, void* dst, ClientLifetime::Token token) {
-  const PjrtBufferParts& parts_ = source.parts;
-  const std::string& device_name_ = source.device_name;
-  const int64_t size_bytes_ = source.size_bytes;
-  if (Status ready = parts_.ready.Await(); !ready.ok()) return Future<>::Ready(std::move(ready));
+  const PjrtBufferParts& parts = source.parts;
+  if (Status ready = parts.ready.Await(); !ready.ok()) return Future<>::Ready(std::move(ready));
   if (size_bytes == 0) return Future<>::Ready(OkStatus());
-  if (parts_.host_address != nullptr) {
-    std::memcpy(dst, parts_.host_address + offset_bytes, static_cast<size_t>(size_bytes));
+  if (parts.host_address != nullptr) {
+    std::memcpy(dst, parts.host_address + offset_bytes, static_cast<size_t>(size_bytes));
     return Future<>::Ready(OkStatus());
   }
+  // The read through the plugin, run (and waited for) on the device's device-to-host staging
+  // worker: see StartRead for why its event is awaited.
   const PjrtPlatformInfo& platform = source.client->platform();
-  Promise<> done;
-  if (!platform.reads_at_byte_offsets()) {
+  const std::string what = fmt::format("CopyRawToHost from {}", source.device_name);
+  absl::AnyInvocable<Status(const PjrtBufferHandle&) &&> read;
+  if (platform.reads_at_byte_offsets()) {
+    read = [offset_bytes, size_bytes, dst, what](const PjrtBufferHandle& handle) -> Status {
+      const PJRT_Api& api = handle.runtime().api();
+      auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+      args.buffer = handle.get();
+      args.dst = dst;
+      args.offset = offset_bytes;
+      args.transfer_size = size_bytes;
+      FERRY_RETURN_IF_ERROR(handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
+      return AwaitEvent(api, args.event, what);
+    };
+  } else {
     // No partial read at byte offsets (the plugin lacks it, or its layout is not the dense
     // row-major one the offsets mean): the whole buffer through ToHostBuffer, then the range.
-    Status queued = source.device->RunOnStagingWorker(
-        StagingDirection::kDeviceToHost,
-        [handle = parts_.handle, rank = parts_.dims.size(), total = size_bytes_, offset_bytes,
-         size_bytes, dst, done, row_major = platform.row_major_layouts,
-         what = fmt::format("CopyRawToHost from {} (a whole read)", device_name_),
-         token = std::move(token)](Status start) mutable {
-          if (start.ok()) {
-            StatusOr<HostTensor> whole = HostTensor::Allocate(DType::kU8, {total});
-            start = whole.status();
-            if (start.ok()) {
-              start = ReadDenseThroughPlugin(*handle, rank, whole->data(), total, !row_major, what);
-            }
-            if (start.ok()) {
-              std::memcpy(dst, whole->data() + offset_bytes, static_cast<size_t>(size_bytes));
-            }
-          }
-          handle.reset();  // the buffer is let go of before the read is reported done
-          done.Set(std::move(start));
-          token.Release();
-        });
-    if (!queued.ok()) return Future<>::Ready(std::move(queued));
-    return done.future();
+    read = [rank = parts.dims.size(), total = source.size_bytes, offset_bytes, size_bytes, dst,
+            row_major = platform.row_major_layouts,
+            what = what + " (a whole read)"](const PjrtBufferHandle& handle) -> Status {
+      FERRY_ASSIGN_OR_RETURN(HostTensor whole, HostTensor::Allocate(DType::kU8, {total}));
+      FERRY_RETURN_IF_ERROR(
+          ReadDenseThroughPlugin(handle, rank, whole.data(), total, !row_major, what));
+      std::memcpy(dst, whole.data() + offset_bytes, static_cast<size_t>(size_bytes));
+      return OkStatus();
+    };
   }
-  // Waited for on the staging worker (see StartRead for why the event is awaited).
+  Promise<> done;
   Status queued = source.device->RunOnStagingWorker(
-      StagingDirection::kDeviceToHost,
-      [handle = parts_.handle, offset_bytes, size_bytes, dst, done, name = device_name_,
-       token = std::move(token)](Status start) mutable {
-        if (start.ok()) {
-          const PJRT_Api& api = handle->runtime().api();
-          auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-          args.buffer = handle->get();
-          args.dst = dst;
-          args.offset = offset_bytes;
-          args.transfer_size = size_bytes;
-          start = handle->runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args),
-                                          fmt::format("CopyRawToHost from {}", name));
-          if (start.ok()) start = AwaitEvent(api, args.event, "CopyRawToHost");
-        }
+      StagingDirection::kDeviceToHost, [handle = parts.handle, read = std::move(read), done,
+                                        token = std::move(token)](Status start) mutable {
+        if (start.ok()) start = std::move(read)(*handle);
         handle.reset();  // the buffer is let go of before the read is reported done
         done.Set(std::move(start));
         token.Release();

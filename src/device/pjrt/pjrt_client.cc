@@ -80,8 +80,6 @@ StatusOr<NamedValues> MakeNamedValues(const ClientOptions& options) {
   return named;
 }
 
-// True when the plugin can read `src` with its own strided copy: native byte order, and every
-// byte stride a whole number of elements (the plugins read other strides wrongly, unchecked).
 // `put`, counted on `transfers` (DirectTransfers or ConvertedTransfers) when it succeeded: one
 // count per put, whichever path made it.
 StatusOr<std::unique_ptr<Buffer>> CountedPut(Counter* transfers,
@@ -90,6 +88,8 @@ StatusOr<std::unique_ptr<Buffer>> CountedPut(Counter* transfers,
   return put;
 }
 
+// True when the plugin can read `src` with its own strided copy: native byte order, and every
+// byte stride a whole number of elements (the plugins read other strides wrongly, unchecked).
 bool PluginCanReadStrides(const HostView& src) {
   if (!src.IsNativeByteOrder()) return false;
   const int64_t element_size = src.element_size();
@@ -608,8 +608,7 @@ void CompleteCopyingPut(const PjrtDevice& device, const PJRT_Api& api, PluginPut
   // The plugins copy small (0.81) or all (0.115) sources during the call, so their event is
   // ready at once and its continuation would run here, inside BufferFromHostBuffer: on_done
   // then goes to the device's host-to-device staging worker, a runtime thread, as
-  // kImmutableUntilTransferCompletes
-  // promises.
+  // kImmutableUntilTransferCompletes promises.
   auto release_source = [counter, on_done = std::move(on_done)](Status status) mutable {
     if (on_done) {
       OnDoneWithHostBuffer release = std::move(on_done);

@@ -19,9 +19,8 @@
 //   with the source's byte strides; on_done from done_with_host_buffer.
 // - anything else (a conversion, a byte-swapped file, odd strides): chunks of the device's
 //   host-to-device staging ring (src/device/staging_ring.h, shared with OpenCL) filled by the
-//   fused copy-convert
-//   and fed to the plugin's transfer manager (CreateBuffersForAsyncHostToDevice +
-//   TransferData): never a full-size temporary.
+//   fused copy-convert and fed to the plugin's transfer manager
+//   (CreateBuffersForAsyncHostToDevice + TransferData): never a full-size temporary.
 // Every argument is checked before it reaches the plugin (the plugins crash on bad input).
 //
 // Threads: the plugin's event continuations run on_done and complete Ready() (PJRT's own
@@ -131,10 +130,10 @@ class PjrtDevice final : public Device {
   PJRT_Memory* FindMemory(std::string_view kind) const;
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
   // This device's staging ring for `direction` (host chunks, registered with the plugin for DMA
-  // where it pins: PjrtStagingPinning; src/device/staging_ring.h) and its
-  // worker: staged puts to the device and reads the host cannot address, each device and
-  // direction on a thread of its own, so that one device's reads never queue behind another's
-  // (or behind its own puts). The chunks and the thread are made on first use.
+  // where it pins: PjrtStagingPinning; src/device/staging_ring.h) and its worker: staged puts to
+  // the device and reads the host cannot address, each device and direction on a thread of its
+  // own, so that one device's reads never queue behind another's (or behind its own puts). The
+  // chunks and the thread are made on first use.
   StagingRing& staging(StagingDirection direction) const {
     return *staging_[static_cast<int>(direction)];
   }
