@@ -20,6 +20,7 @@ namespace ferry::internal {
 // deadlock with normal use). Locks of one rank are never held together.
 enum class ForkLockRank : int {
   kDeviceRegistry,
+  kSmallAllocations,        // the device slab pool: allocates its slabs from the host cache
   kHostMemoryCacheRefresh,  // reads the settings, then resizes the cache
   kConvertKernelLevel,      // reads the settings
   kHostMemoryCache,

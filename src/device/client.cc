@@ -172,7 +172,7 @@ Status CheckBufferFromHostBufferArgs(const Client& client, const HostView& src, 
 }
 
 StatusOr<MemorySpace> FindMemorySpace(const Device& device, std::string_view kind) {
-  const std::vector<MemorySpace> spaces = device.memory_spaces();
+  const std::vector<MemorySpace>& spaces = device.memory_spaces();
   std::vector<std::string_view> kinds;
   for (const MemorySpace& space : spaces) {
     if (kind.empty() ? space.is_default : space.kind == kind) return space;

@@ -10,6 +10,7 @@
 #include "ferry/core/status.h"
 #include "ferry/device/device.h"
 #include "ferry/device/memory_account.h"
+#include "src/device/small_allocations.h"
 
 namespace ferry {
 
@@ -18,7 +19,8 @@ namespace ferry {
 // `on_done` runs when this is destroyed. Shared between the buffer and the transfers that still
 // write or read it, so the last of them, not the buffer, decides when the memory goes: a read in
 // flight keeps an alias's source memory (and defers its on_done) exactly as it keeps an
-// allocation.
+// allocation. Allocations of up to 32 KiB share slabs (small_allocations.h); larger ones are
+// their own.
 class DeviceAllocation {
  public:
   // Reserves and allocates `size_bytes`. ResourceExhausted when the account or malloc says no.
@@ -43,17 +45,20 @@ class DeviceAllocation {
     explicit CreateKey() = default;
   };
   DeviceAllocation(CreateKey, std::shared_ptr<MemoryAccount> account, const std::byte* data,
-                   int64_t size_bytes, OnDoneWithHostBuffer on_alias_done)
+                   int64_t size_bytes, OnDoneWithHostBuffer on_alias_done,
+                   std::shared_ptr<internal::HostSlab> slab = nullptr)
       : account_(std::move(account)),
         data_(data),
         size_bytes_(size_bytes),
-        on_alias_done_(std::move(on_alias_done)) {}
+        on_alias_done_(std::move(on_alias_done)),
+        slab_(std::move(slab)) {}
 
  private:
   const std::shared_ptr<MemoryAccount> account_;  // null for an alias
   const std::byte* const data_;
   const int64_t size_bytes_;
   OnDoneWithHostBuffer on_alias_done_;
+  const std::shared_ptr<internal::HostSlab> slab_;  // the slab of a small allocation, else null
 };
 
 }  // namespace ferry

@@ -119,9 +119,14 @@ class Device {
   // False for a device of another process of a multi-process job (distributed::RemoteDevice):
   // it has no client here (client() is null) and nothing can be sent to it or read from it.
   virtual bool is_addressable() const { return true; }
-  // The memory spaces buffers of this device may live in, the default first. Backends whose
-  // devices have one memory keep this default: {"device", default}.
-  virtual std::vector<MemorySpace> memory_spaces() const { return {{"device", true}}; }
+  // The memory spaces buffers of this device may live in, the default first; fixed for the
+  // device's life (every transfer looks its space up here). Backends whose devices have one
+  // memory keep this default: {"device", default}.
+  virtual const std::vector<MemorySpace>& memory_spaces() const {
+    static const std::vector<MemorySpace>* const kDeviceMemoryOnly =
+        new std::vector<MemorySpace>{{"device", true}};
+    return *kDeviceMemoryOnly;
+  }
   // True when Buffer::CopyToDevice from this device to `target` copies between the devices
   // themselves (an accelerator's peer copy), not through the host: then a sharding's replicas are
   // copied from the first one instead of uploaded again.

@@ -190,6 +190,23 @@ PJRT_Buffer_Type ToPjrtType(DType dtype) {
   return PJRT_Buffer_Type_INVALID;
 }
 
+namespace {
+
+// A device's memories as the MemorySpaces it reports, the default first.
+std::vector<MemorySpace> AsMemorySpaces(const std::vector<PjrtMemorySpace>& memories,
+                                        PJRT_Memory* default_memory) {
+  std::vector<MemorySpace> spaces;
+  for (const PjrtMemorySpace& space : memories) {
+    const bool is_default = space.memory == default_memory;
+    spaces.insert(is_default ? spaces.begin() : spaces.end(), {space.kind, is_default});
+  }
+  // A plugin without memories still has the device's own.
+  if (spaces.empty() || !spaces.front().is_default) spaces.insert(spaces.begin(), {"device", true});
+  return spaces;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 
 PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
@@ -202,6 +219,7 @@ PjrtDevice::PjrtDevice(PjrtClient* client, int index, PJRT_Device* device,
       default_memory_(default_memory),
       kind_(std::move(kind)),
       memories_(std::move(memories)),
+      memory_spaces_(AsMemorySpaces(memories_, default_memory)),
       capabilities_(std::move(capabilities)),
       memory_(std::make_shared<MemoryAccount>(capabilities_.memory_limit_bytes)),
       staging_{
@@ -223,17 +241,6 @@ void PjrtDevice::ShutdownStaging() {
 }
 
 Client* PjrtDevice::client() const { return client_; }
-
-std::vector<MemorySpace> PjrtDevice::memory_spaces() const {
-  std::vector<MemorySpace> spaces;
-  for (const PjrtMemorySpace& space : memories_) {
-    const bool is_default = space.memory == default_memory_;
-    spaces.insert(is_default ? spaces.begin() : spaces.end(), {space.kind, is_default});
-  }
-  // A plugin without memories still has the device's own.
-  if (spaces.empty() || !spaces.front().is_default) spaces.insert(spaces.begin(), {"device", true});
-  return spaces;
-}
 
 bool PjrtDevice::CopiesBuffersTo(const Device* target) const {
   if (target == nullptr || target->client() != client_) return false;
@@ -670,9 +677,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutThroughPlugin(const HostView& s
     accounted = std::make_shared<AccountedBytes>(device->memory(), device_bytes);
   }
   auto args = PluginPutArgs(runtime_->client(), src, *device, semantics);
-  FERRY_RETURN_IF_ERROR(runtime_->Check(
-      api.PJRT_Client_BufferFromHostBuffer(&args),
-      fmt::format("tensor '{}': BufferFromHostBuffer on {}", tensor_name, device->name())));
+  FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_Client_BufferFromHostBuffer(&args),
+                                        "tensor '{}': BufferFromHostBuffer on {}", tensor_name,
+                                        device->name()));
   auto handle = std::make_shared<PjrtBufferHandle>(runtime_, args.buffer);
 
   PjrtBufferParts parts;
@@ -763,9 +770,9 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutDirect(const HostView& src, DTy
   auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{allocation});
   view.on_delete_callback_arg = context.get();
   HandOffToPlugin(context.get());
-  FERRY_RETURN_IF_ERROR(runtime_->Check(
-      api.PJRT_Client_CreateViewOfDeviceBuffer(&view),
-      fmt::format("tensor '{}': CreateViewOfDeviceBuffer on {}", tensor_name, device->name())));
+  FERRY_RETURN_IF_ERROR(runtime_->Check(api.PJRT_Client_CreateViewOfDeviceBuffer(&view),
+                                        "tensor '{}': CreateViewOfDeviceBuffer on {}", tensor_name,
+                                        device->name()));
   context.release();  // the plugin owns it now, until on_delete
   (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();
 
@@ -841,7 +848,7 @@ class PjrtBufferWriter final : public BufferWriter {
     args.is_last_transfer = last;
     FERRY_RETURN_IF_ERROR(
         runtime_->Check(api.PJRT_AsyncHostToDeviceTransferManager_TransferData(&args),
-                        fmt::format("tensor '{}': TransferData", name())));
+                        "tensor '{}': TransferData", name()));
     Promise<> taken;
     OnEventReady(
         api, args.done_with_h2d_transfer, [taken](Status status) { taken.Set(std::move(status)); },

@@ -115,7 +115,7 @@ class PjrtDevice final : public Device {
   DeviceMemoryStats memory_stats() const override;
   std::string description() const override;
   // The plugin's addressable memories, its default memory first.
-  std::vector<MemorySpace> memory_spaces() const override;
+  const std::vector<MemorySpace>& memory_spaces() const override { return memory_spaces_; }
   // To another device of this client when the plugin copies between its devices
   // (PJRT_Buffer_CopyToDevice) and ferry does not own the memory (no direct host access).
   bool CopiesBuffersTo(const Device* target) const override;
@@ -154,6 +154,7 @@ class PjrtDevice final : public Device {
   PJRT_Memory* const default_memory_;
   const std::string kind_;
   const std::vector<PjrtMemorySpace> memories_;
+  const std::vector<MemorySpace> memory_spaces_;  // memories_ as MemorySpaces, the default first
   const DeviceCapabilities capabilities_;
   const std::shared_ptr<MemoryAccount> memory_;
   const std::array<std::unique_ptr<StagingRing>, 2> staging_;

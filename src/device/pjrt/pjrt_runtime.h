@@ -12,10 +12,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "ferry/core/status.h"
+#include "fmt/format.h"
 #include "src/device/client_lifetime.h"
 #include "src/device/pjrt/pjrt_library.h"
 
@@ -74,6 +76,14 @@ class PjrtRuntime {
 
   Status Check(PJRT_Error* error, std::string_view what) const {
     return ErrorToStatus(api(), error, what);
+  }
+  // As above, with `what` formatted only when there is an error (calls made once per tensor).
+  template <typename Arg, typename... Args>
+  Status Check(PJRT_Error* error, fmt::format_string<Arg, Args...> what, Arg&& arg,
+               Args&&... args) const {
+    if (error == nullptr) return OkStatus();
+    return ErrorToStatus(api(), error,
+                         fmt::format(what, std::forward<Arg>(arg), std::forward<Args>(args)...));
   }
 
  private:
