@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -384,6 +385,64 @@ TEST(PjrtTest, ReplicasAreCopiedOnTheDeviceWhereThePluginCopies) {
       EXPECT_EQ(std::memcmp(back.data(), values->data() + first_row * 33, back.size() * 4), 0)
           << "shard " << i;
     }
+  }
+}
+
+// A device copy of a buffer still being filled returns at once where the plugin copies (the
+// plugin orders the copy after the fill): it arrives once the fill completes, and fails when the
+// fill is abandoned. Run on its own thread, so a call that waits fails instead of hanging.
+TEST(PjrtTest, ADeviceCopyOfABufferStillBeingFilledReturnsAtOnce) {
+  PJRT_CLIENT_OR_SKIP(client, (ClientOptions{.num_devices = 2, .pjrt_direct_host_access = false}));
+  Device* from = client->devices()[0];
+  Device* to = client->devices()[1];
+  ASSERT_TRUE(from->CopiesBuffersTo(to));
+  constexpr int64_t kCount = 4096;
+  std::vector<float> source(kCount);
+  for (int64_t i = 0; i < kCount; ++i) source[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  for (const bool abandoned : {false, true}) {
+    SCOPED_TRACE(abandoned ? "the fill abandoned" : "the fill completed");
+    auto writer = client->CreateBufferWriter(DType::kF32, {kCount}, from, {}, "filled later");
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    auto original = (*writer)->TakeBuffer();
+    ASSERT_TRUE(original.ok()) << original.status();
+    ASSERT_TRUE((*writer)->Write(0, source.data(), kCount * 2).Await().ok());
+
+    std::optional<StatusOr<std::unique_ptr<Buffer>>> copy;
+    std::atomic<bool> returned{false};
+    std::thread caller([&] {
+      copy.emplace((*original)->CopyToDevice(to));
+      returned.store(true);
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!returned.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const bool returned_at_once = returned.load();
+    EXPECT_TRUE(returned_at_once) << "CopyToDevice waited for the fill to finish";
+    if (returned_at_once && copy->ok()) {  // (the thread is joined before any ASSERT)
+      EXPECT_FALSE((**copy)->Ready().IsReady())
+          << "the fill has not finished: the copy cannot have";
+    }
+    if (abandoned) {
+      (*writer)->Abort(CancelledError("the producer gave up"));
+    } else {
+      ASSERT_TRUE(
+          (*writer)->Write(kCount * 2, source.data() + kCount / 2, kCount * 2).Await().ok());
+    }
+    caller.join();
+    ASSERT_TRUE(copy.has_value() && copy->ok()) << (copy.has_value() ? copy->status() : Status());
+    Buffer& arrived = ***copy;
+    EXPECT_EQ(arrived.device(), to);
+    const Status ready = arrived.Ready().Await();
+    if (abandoned) {
+      EXPECT_FALSE(ready.ok()) << "a copy of a buffer never filled cannot be ready";
+      continue;
+    }
+    ASSERT_TRUE(ready.ok()) << ready;
+    std::vector<float> back(kCount, -1.0f);
+    ASSERT_TRUE(
+        arrived.ToHost(MutableHostView::Dense(back.data(), DType::kF32, {kCount})).Await().ok());
+    EXPECT_EQ(back, source);
   }
 }
 

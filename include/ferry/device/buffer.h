@@ -75,10 +75,12 @@ class Buffer {
 
   // A copy of this buffer on `target` (the same device included): same dims and device dtype.
   // The caller owns the result; its Ready() completes when the copy has arrived. Backends that
-  // copy between their devices do so (pjrt: PJRT_Buffer_CopyToDevice); the default goes through
-  // the host: it waits for Ready(), reads the buffer into a dense host tensor and puts that on
-  // `target` with kImmutableOnlyDuringCall (so it returns once the copy is on its way), on any
-  // backend's device. Errors as BufferFromHostBuffer and ToHost.
+  // copy between their devices do so (pjrt: PJRT_Buffer_CopyToDevice, which returns without
+  // waiting for a buffer still being filled: the plugin orders the copy after the fill, and a
+  // failed fill fails the copy's Ready()); the default goes through the host: it waits for
+  // Ready(), reads the buffer into a dense host tensor and puts that on `target` with
+  // kImmutableOnlyDuringCall (so it returns once the copy is on its way), on any backend's
+  // device. Errors as BufferFromHostBuffer and ToHost.
   virtual StatusOr<std::unique_ptr<Buffer>> CopyToDevice(Device* target);
 };
 

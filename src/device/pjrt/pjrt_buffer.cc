@@ -227,7 +227,15 @@ StatusOr<std::unique_ptr<Buffer>> PjrtBuffer::CopyToDevice(Device* target) {
     return Buffer::CopyToDevice(target);
   }
   auto* pjrt_target = static_cast<PjrtDevice*>(target);
-  FERRY_RETURN_IF_ERROR(parts_.ready.Await());
+  // A buffer still being filled (a put, a writer) is not ready in the plugin either, and the
+  // plugin orders its copy after the fill, so the call returns without waiting for it. Not where
+  // a failed fill cannot fail the plugin's buffer (no SetBufferError): its copy would never
+  // complete, so the call waits and reports the fill's error instead.
+  const bool plugin_fails_unfilled_buffers =
+      FERRY_PJRT_HAS(library, PJRT_AsyncHostToDeviceTransferManager_SetBufferError);
+  if (!plugin_fails_unfilled_buffers || parts_.ready.IsReady()) {
+    FERRY_RETURN_IF_ERROR(parts_.ready.Await());
+  }
   FERRY_RETURN_IF_ERROR(pjrt_target->memory()->Reserve(size_bytes_, "copy", pjrt_target->name()));
   auto accounted = std::make_shared<AccountedBytes>(pjrt_target->memory(), size_bytes_);
   const PJRT_Api& api = client->runtime()->api();
