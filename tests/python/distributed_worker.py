@@ -342,7 +342,19 @@ def case_dead_before_collective(directory):
     with open(os.path.join(directory, f"pid_{me}"), "w") as f:
         f.write(str(os.getpid()))
     ferry._ferry._barrier("everyone started")
-    if me == 1:
+    # Rank 1 dies only once every other rank has left that barrier: a barrier returns on the ranks
+    # one by one, and a survivor still inside it would find the death there, outside the case.
+    if me != 1:
+        with open(os.path.join(directory, f"left_{me}"), "w") as f:
+            f.write("left the barrier")
+    else:
+        others = [rank for rank in range(ferry.process_count()) if rank != 1]
+        deadline = time.monotonic() + 30
+        while not all(os.path.exists(os.path.join(directory, f"left_{rank}")) for rank in others):
+            if time.monotonic() > deadline:
+                print("rank 1: the others did not leave the barrier in 30 s", flush=True)
+                os._exit(4)
+            time.sleep(0.01)
         os._exit(1)
     with open(os.path.join(directory, "pid_1")) as f:
         dead = int(f.read())
