@@ -35,8 +35,11 @@ class PieceCounter {
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     Status result;
     {
+      // Moved out, not copied: the counter may be destroyed on another thread than the one that
+      // reads the result, and a copy left here would free a shared error message there, through
+      // an atomic count that ThreadSanitizer cannot see (Debian's abseil is not instrumented).
       MutexLock lock(mutex_);
-      result = first_error_;
+      result = std::move(first_error_);
     }
     {
       // The captures (a caller's on_done among them) are gone before the token is released.
