@@ -12,7 +12,7 @@
 // Ownership: every allocation holds its slab (a shared_ptr), and the pool holds the current one;
 // a slab goes back to the host memory cache (FreeHostMemory) when the pool has moved on and its
 // last allocation is freed. Memory is never reused inside a slab, so one live allocation keeps
-// its whole slab: at most 1 MiB, and at most 1 MiB / 32 KiB = 32 allocations share one. Slab
+// its whole slab: at most 1 MiB (a slab holds at least 1 MiB / 32 KiB = 32 allocations). Slab
 // memory is host memory, counted in no device's bytes_in_use (the allocations themselves are,
 // exactly, by their callers).
 //

@@ -148,6 +148,19 @@ std::vector<PjrtMemorySpace> MemorySpacesOf(const PjrtRuntime& runtime, PJRT_Dev
   return spaces;
 }
 
+// A device's memories as the MemorySpaces it reports, the default first.
+std::vector<MemorySpace> AsMemorySpaces(const std::vector<PjrtMemorySpace>& memories,
+                                        PJRT_Memory* default_memory) {
+  std::vector<MemorySpace> spaces;
+  for (const PjrtMemorySpace& space : memories) {
+    const bool is_default = space.memory == default_memory;
+    spaces.insert(is_default ? spaces.begin() : spaces.end(), {space.kind, is_default});
+  }
+  // A plugin without memories still has the device's own.
+  if (spaces.empty() || !spaces.front().is_default) spaces.insert(spaces.begin(), {"device", true});
+  return spaces;
+}
+
 }  // namespace
 
 PJRT_Buffer_Type ToPjrtType(DType dtype) {
@@ -189,23 +202,6 @@ PJRT_Buffer_Type ToPjrtType(DType dtype) {
   }
   return PJRT_Buffer_Type_INVALID;
 }
-
-namespace {
-
-// A device's memories as the MemorySpaces it reports, the default first.
-std::vector<MemorySpace> AsMemorySpaces(const std::vector<PjrtMemorySpace>& memories,
-                                        PJRT_Memory* default_memory) {
-  std::vector<MemorySpace> spaces;
-  for (const PjrtMemorySpace& space : memories) {
-    const bool is_default = space.memory == default_memory;
-    spaces.insert(is_default ? spaces.begin() : spaces.end(), {space.kind, is_default});
-  }
-  // A plugin without memories still has the device's own.
-  if (spaces.empty() || !spaces.front().is_default) spaces.insert(spaces.begin(), {"device", true});
-  return spaces;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
