@@ -1,0 +1,44 @@
+#include "src/core/serial_executor.h"
+
+#include <utility>
+
+namespace ferry {
+
+SerialExecutor::~SerialExecutor() {
+  std::thread thread;
+  {
+    MutexLock lock(mutex_);
+    stopping_ = true;
+    thread = std::move(thread_);
+  }
+  task_given_.notify_all();
+  if (thread.joinable()) thread.join();
+}
+
+void SerialExecutor::Execute(absl::AnyInvocable<void() &&> task) {
+  {
+    MutexLock lock(mutex_);
+    if (!stopping_) {
+      tasks_.push_back(std::move(task));
+      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+      task_given_.notify_one();
+      return;
+    }
+  }
+  std::move(task)();
+}
+
+void SerialExecutor::Loop() {
+  MutexLock lock(mutex_);
+  for (;;) {
+    while (tasks_.empty() && !stopping_) lock.Wait(task_given_);
+    if (tasks_.empty()) return;  // stopping, and every task given has run
+    absl::AnyInvocable<void()&&> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.Unlock();
+    std::move(task)();
+    lock.Lock();
+  }
+}
+
+}  // namespace ferry
