@@ -80,14 +80,18 @@ def register(
     xla_bridge.register_plugin(platform, priority=priority, library_path=path, options=options)
 
 
-_COUNTER_NAMES = ("puts_by_ferry", "puts_by_plugin", "reads_by_ferry", "reads_by_plugin", "refused")
+_COUNTER_NAMES = ("puts_by_ferry", "puts_by_plugin", "reads_by_ferry", "reads_by_plugin", "refused",
+                  "puts_after_the_call", "bytes_in_use")
 
 
 def counters() -> dict[str, int]:
     """Which path the plugin's transfer entries took in this process so far: ``puts_by_ferry``
     (written by ferry's kernels into warm memory), ``puts_by_plugin`` (passed to the wrapped
     plugin: dense aligned zero-copy sources it aliases, and what ferry does not take),
-    ``reads_by_ferry``, ``reads_by_plugin``, and ``refused`` (bad input answered with an error)."""
+    ``reads_by_ferry``, ``reads_by_plugin``, ``refused`` (bad input answered with an error), and
+    ``puts_after_the_call`` (of ``puts_by_ferry``, those whose call returned before ferry had
+    written the buffer: the buffer becomes ready when it has); and ``bytes_in_use``, the memory
+    ferry's plugin holds for its buffers now."""
     library = ctypes.CDLL(plugin_path())  # the copy JAX loaded: same file, same handle
     read = library.FerryPjrtPluginCounters
     read.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int]

@@ -6,15 +6,19 @@
 //
 // ferry reads the buffer itself when the buffer is in host memory (PJRT_Buffer_IsOnCpu), has an
 // element type ferry knows, a row-major untiled layout, and the host_layout asked for is none or
-// that same row-major untiled one (torch_xla's `.cpu()` always passes it): then, once the buffer
-// is ready (a buffer still being computed, such as an Execute's output, is waited for in the
-// call), the copy runs through CopyConvertPlan on the transfer engine's workers during the call,
-// under an external reference on the buffer (as DLPack and numpy hold one: the memory stays put
-// and alive whatever another thread does to the buffer), and the returned event is the buffer's
-// (complete) ready event. A buffer whose computation failed goes to the plugin, which reports
-// the error in its event; another host layout too.
+// that same row-major untiled one (torch_xla's `.cpu()` always passes it). The copy runs through
+// CopyConvertPlan under an external reference on the buffer (as DLPack and numpy hold one: the
+// memory stays put and alive whatever another thread does to the buffer), and the returned event
+// is ferry's own (plugin_events.h): a ready buffer is copied on the transfer engine's workers
+// during the call; a buffer still being computed or filled (an Execute's output, a transfer
+// manager's buffer) is never waited for: the call returns at once and the copy starts when the
+// plugin completes the buffer; a failed buffer's error is the event's. One wait remains: a buffer
+// that ferry's own put returned before writing it (host_to_device.h) has no memory until ferry
+// has written it, and the plugin's external reference waits for that write (ferry's workers, at
+// most the time of that copy; nothing the caller does can hold it up). Another host layout goes
+// to the plugin.
 //
-// Threading: any thread; the caller waits for the engine's workers during the copy.
+// Threading: any thread; the caller waits for the engine's workers during a copy in the call.
 #pragma once
 
 #include "pjrt_c_api.h"

@@ -15,6 +15,7 @@
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/device/transfer_engine.h"
 #include "src/plugin/plugin_errors.h"
+#include "src/plugin/plugin_events.h"
 #include "src/plugin/plugin_types.h"
 #include "src/plugin/wrapped_plugin.h"
 
@@ -118,10 +119,28 @@ void GiveBackViewMemory(void* /*device_buffer_ptr*/, void* user_arg) {
   delete static_cast<ViewDeleteContext*>(user_arg);
 }
 
-// ferry's path: the source into warm memory, then a view of it. `args` is checked.
-Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args, DType dtype,
-                    PJRT_Memory* memory) {
-  const PJRT_Api& api = plugin.wrapped();
+void DestroyBuffer(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  destroy.buffer = buffer;
+  TakeError(api, api.PJRT_Buffer_Destroy(&destroy)).IgnoreError();
+}
+
+// What a buffer of ferry's is made of: where it goes and the memory ferry writes it into.
+struct Destination {
+  PJRT_Client* client = nullptr;
+  PJRT_Device* device = nullptr;
+  PJRT_Memory* memory = nullptr;
+  PJRT_Buffer_Type type = PJRT_Buffer_Type_INVALID;
+  Dims dims;
+  int64_t size_bytes = 0;
+  std::shared_ptr<DeviceAllocation> allocation;
+};
+
+// The source of `args` and the plan that writes it, with its own byte strides, densely into new
+// memory from ferry's warm cache (AllocateHostMemory: memory written before, not fresh pages).
+StatusOr<std::pair<Destination, CopyConvertPlan>> PlanWrite(
+    WrappedPlugin& plugin, const PJRT_Client_BufferFromHostBuffer_Args& args, DType dtype,
+    PJRT_Memory* memory) {
   Dims dims(args.dims, args.dims + args.num_dims);
   Dims strides = args.byte_strides != nullptr
                      ? Dims(args.byte_strides, args.byte_strides + args.num_byte_strides)
@@ -132,45 +151,144 @@ Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args
   FERRY_ASSIGN_OR_RETURN(
       auto allocation,
       DeviceAllocation::Create(plugin.memory(), size_bytes, kWhat, "the ferry plugin's device"));
-  if (size_bytes > 0) {
-    FERRY_ASSIGN_OR_RETURN(
-        CopyConvertPlan plan,
-        CopyConvertPlan::Create(src,
-                                MutableHostView::Dense(allocation->mutable_data(), dtype, dims)));
-    FERRY_ASSIGN_OR_RETURN(
-        Future<> written,
-        WriteThroughEngine(plugin.engine(), std::move(plan),
-                           HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, allocation));
-    FERRY_RETURN_IF_ERROR(written.Await());
-  }
+  FERRY_ASSIGN_OR_RETURN(CopyConvertPlan plan,
+                         CopyConvertPlan::Create(
+                             src, MutableHostView::Dense(allocation->mutable_data(), dtype, dims)));
+  return std::make_pair(Destination{args.client, args.device, memory, args.type, std::move(dims),
+                                    size_bytes, std::move(allocation)},
+                        std::move(plan));
+}
+
+// A buffer of the plugin's over the destination's memory, once written: a view
+// (CreateViewOfDeviceBuffer, whose on_delete gives the memory back to ferry's cache).
+StatusOr<PJRT_Buffer*> ViewOf(const PJRT_Api& api, const Destination& destination) {
   auto view = FERRY_PJRT_ARGS(PJRT_Client_CreateViewOfDeviceBuffer_Args);
-  view.client = args.client;
-  view.device_buffer_ptr = size_bytes > 0 ? static_cast<void*>(allocation->mutable_data())
-                                          : const_cast<std::byte*>(kEmpty);
-  view.dims = args.dims;
-  view.num_dims = args.num_dims;
-  view.element_type = args.type;
-  view.device = args.device;
-  view.memory = memory;
+  view.client = destination.client;
+  view.device_buffer_ptr = destination.size_bytes > 0
+                               ? static_cast<void*>(destination.allocation->mutable_data())
+                               : const_cast<std::byte*>(kEmpty);
+  view.dims = destination.dims.data();
+  view.num_dims = destination.dims.size();
+  view.element_type = destination.type;
+  view.device = destination.device;
+  view.memory = destination.memory;
   view.on_delete_callback = &GiveBackViewMemory;
-  auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{std::move(allocation)});
+  auto context = std::make_unique<ViewDeleteContext>(ViewDeleteContext{destination.allocation});
   view.on_delete_callback_arg = context.get();
   HandOffToPlugin(context.get());
   FERRY_RETURN_IF_ERROR(TakeError(api, api.PJRT_Client_CreateViewOfDeviceBuffer(&view)));
   context.release();  // the plugin's now, until on_delete
+  return view.buffer;
+}
+
+// ferry's path during the call: the source into warm memory on the engine's workers, then a
+// view of it. `args` is checked.
+Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args, DType dtype,
+                    PJRT_Memory* memory) {
+  const PJRT_Api& api = plugin.wrapped();
+  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, dtype, memory));
+  auto& [destination, plan] = planned;
+  if (destination.size_bytes > 0) {
+    FERRY_ASSIGN_OR_RETURN(
+        Future<> written, WriteThroughEngine(plugin.engine(), std::move(plan),
+                                             HostBufferSemantics::kImmutableOnlyDuringCall, nullptr,
+                                             destination.allocation));
+    FERRY_RETURN_IF_ERROR(written.Await());
+  }
+  FERRY_ASSIGN_OR_RETURN(PJRT_Buffer * buffer, ViewOf(api, destination));
 
   // The source has been read: the buffer's own (complete) ready event says so.
   auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = view.buffer;
+  ready.buffer = buffer;
   if (Status status = TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)); !status.ok()) {
-    auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
-    destroy.buffer = view.buffer;
-    TakeError(api, api.PJRT_Buffer_Destroy(&destroy)).IgnoreError();
+    DestroyBuffer(api, buffer);
     return status;
   }
-  args.buffer = view.buffer;
+  args.buffer = buffer;
   args.done_with_host_buffer = ready.event;
   return OkStatus();
+}
+
+// A buffer of the plugin's that is not ready until ferry fulfils it with another buffer, whose
+// memory it then takes over (PJRT_Client_CreateAliasBuffer). Every pending buffer is fulfilled
+// exactly once (Fulfil), which also frees `fulfil`.
+struct PendingBuffer {
+  PJRT_Buffer* buffer = nullptr;
+  PJRT_FulfillAliasBufferCallback* fulfil = nullptr;
+};
+
+StatusOr<PendingBuffer> CreatePending(const PJRT_Api& api,
+                                      const PJRT_Client_BufferFromHostBuffer_Args& args,
+                                      PJRT_Memory* memory) {
+  // The row-major layout of ferry's dense memory, said explicitly: plugins at API 0.115 refuse an
+  // alias without one ("on-device shape has no layout"), and the view that fulfils it has it.
+  pjrt::RowMajorLayout layout(args.num_dims);
+  auto alias = FERRY_PJRT_ARGS(PJRT_Client_CreateAliasBuffer_Args);
+  alias.client = args.client;
+  alias.memory = memory;
+  alias.shape_dims = args.dims;
+  alias.shape_num_dims = args.num_dims;
+  alias.shape_element_type = args.type;
+  alias.shape_layout = layout.get();
+  FERRY_RETURN_IF_ERROR(TakeError(api, api.PJRT_Client_CreateAliasBuffer(&alias)));
+  return PendingBuffer{alias.alias_buffer, alias.fulfill_alias_buffer_cb};
+}
+
+// Fulfils `pending` with `filled` (a buffer of ferry's, which the plugin takes over: its handle is
+// destroyed here) or with the error that kept ferry from making it: the pending buffer is then
+// ready, with that buffer's memory or with the error.
+void Fulfil(const PJRT_Api& api, PJRT_Client* client, const PendingBuffer& pending,
+            const StatusOr<PJRT_Buffer*>& filled) {
+  auto fulfil = FERRY_PJRT_ARGS(PJRT_Client_FulfillAliasBuffer_Args);
+  fulfil.client = client;
+  fulfil.fulfill_alias_buffer_cb = pending.fulfil;
+  if (filled.ok()) {
+    fulfil.buffer = *filled;
+    fulfil.status_code = PJRT_Error_Code_OK;
+  } else {
+    fulfil.status_code = static_cast<PJRT_Error_Code>(filled.status().code());
+    fulfil.error_message = filled.status().message().data();
+    fulfil.error_message_size = filled.status().message().size();
+  }
+  // A fulfilment the plugin refuses (a shape that differs) fails the pending buffer with that
+  // error in the plugin itself: nothing is left to do here.
+  TakeError(api, api.PJRT_Client_FulfillAliasBuffer(&fulfil)).IgnoreError();
+  if (filled.ok()) DestroyBuffer(api, *filled);
+}
+
+// ferry's path after the call, where the caller keeps the source until done_with_host_buffer
+// (every semantic but kImmutableOnlyDuringCall) and the plugin can make pending buffers: the
+// call returns a pending buffer at once, the source is written on the engine's workers, and the
+// buffer is fulfilled with a view of the written memory (on the plugin's fulfilment thread).
+// done_with_host_buffer is ferry's own event, complete once the source has been read. Returns
+// false, having made nothing, where the plugin refuses the pending buffer.
+StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args,
+                                 DType dtype, PJRT_Memory* memory) {
+  const PJRT_Api& api = plugin.wrapped();
+  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, dtype, memory));
+  auto& [destination, plan] = planned;
+  StatusOr<PendingBuffer> pending = CreatePending(api, args, memory);
+  if (!pending.ok()) {
+    if (absl::IsUnimplemented(pending.status())) plugin.AliasRefused();
+    return false;
+  }
+  StatusOr<Future<>> written = WriteThroughEngine(
+      plugin.engine(), std::move(plan), HostBufferSemantics::kImmutableUntilTransferCompletes,
+      nullptr, destination.allocation);
+  if (!written.ok()) {
+    Fulfil(api, args.client, *pending, written.status());
+    DestroyBuffer(api, pending->buffer);
+    return written.status();
+  }
+  written->OnReady(
+      plugin.fulfilments(),
+      [&api, pending = *pending, destination = std::move(destination)](const Status& status) {
+        Fulfil(api, destination.client, pending,
+               status.ok() ? ViewOf(api, destination) : StatusOr<PJRT_Buffer*>(status));
+      });
+  args.buffer = pending->buffer;
+  args.done_with_host_buffer = MakeEvent(*std::move(written));
+  return true;
 }
 
 }  // namespace
@@ -207,6 +325,15 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
                            reinterpret_cast<uintptr_t>(args->data) % kHostAlignment == 0;
     if (!aliasable) {
       if (std::optional<PJRT_Memory*> memory = DefaultTargetMemory(**plugin, *args)) {
+        if (args->host_buffer_semantics != PJRT_HostBufferSemantics_kImmutableOnlyDuringCall &&
+            src.dense_size_bytes() > kInlineWriteBytes && (*plugin)->MayAlias()) {
+          StatusOr<bool> started = WriteAfterTheCall(**plugin, *args, *dtype, *memory);
+          if (!started.ok()) return MakeError(started.status());
+          if (*started) {
+            CountTransferPath(TransferPath::kPutByFerryAfterTheCall);
+            return nullptr;
+          }
+        }
         if (Status status = WriteAndView(**plugin, *args, *dtype, *memory); !status.ok()) {
           return MakeError(status);
         }

@@ -80,7 +80,9 @@ void CountTransferPath(TransferPath path) {
       {counters.reads_by_ferry, GetCounter("PjrtPluginReadsByFerry")},
       {counters.reads_by_plugin, GetCounter("PjrtPluginReadsByPlugin")},
       {counters.refused, GetCounter("PjrtPluginRefusedCalls")},
+      {counters.puts_after_the_call, GetCounter("PjrtPluginPutsAfterTheCall")},
   };
+  if (path == TransferPath::kPutByFerryAfterTheCall) CountTransferPath(TransferPath::kPutByFerry);
   const Entry& entry = entries[static_cast<int>(path)];
   entry.own.fetch_add(1, std::memory_order_relaxed);
   entry.metric->Add();
@@ -123,6 +125,12 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
       std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
   plugin->memory_ = std::make_shared<MemoryAccount>(std::nullopt);
   return plugin;
+}
+
+bool WrappedPlugin::MayAlias() const {
+  return FERRY_PJRT_HAS(library(), PJRT_Client_CreateAliasBuffer) &&
+         FERRY_PJRT_HAS(library(), PJRT_Client_FulfillAliasBuffer) &&
+         !alias_refused_.load(std::memory_order_relaxed);
 }
 
 bool WrappedPlugin::HostAddressable(PJRT_Client* client) {

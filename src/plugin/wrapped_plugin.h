@@ -28,6 +28,7 @@
 #include "ferry/core/mutex.h"
 #include "ferry/core/status.h"
 #include "ferry/device/memory_account.h"
+#include "src/core/serial_executor.h"
 #include "src/device/pjrt/pjrt_library.h"
 #include "src/device/transfer_engine.h"
 
@@ -36,7 +37,9 @@ namespace ferry::plugin {
 // How many calls of each replaced transfer entry took which path (ferry's counters, readable
 // from outside through FerryPjrtPluginCounters in ferry_pjrt_plugin.cc). Relaxed atomics.
 struct PathCounters {
-  std::atomic<int64_t> puts_by_ferry{0};    // written by ferry, handed over as a view
+  std::atomic<int64_t> puts_by_ferry{0};  // written by ferry, handed over as a view
+  // Of those, puts returned before ferry wrote them (a pending buffer ferry fulfils later).
+  std::atomic<int64_t> puts_after_the_call{0};
   std::atomic<int64_t> puts_by_plugin{0};   // passed to the wrapped plugin (aliasing included)
   std::atomic<int64_t> reads_by_ferry{0};   // ToHostBuffer copied by ferry
   std::atomic<int64_t> reads_by_plugin{0};  // ToHostBuffer passed to the wrapped plugin
@@ -45,9 +48,17 @@ struct PathCounters {
 PathCounters& Counters();
 // Counts one call of a transfer entry by the path it took: in Counters() and in ferry's metrics
 // (PjrtPluginPutsByFerry, PjrtPluginPutsByPlugin, PjrtPluginReadsByFerry,
-// PjrtPluginReadsByPlugin, PjrtPluginRefusedCalls), which a process that also imports ferry sees
+// PjrtPluginReadsByPlugin, PjrtPluginRefusedCalls, PjrtPluginPutsAfterTheCall: a put by ferry
+// counts there too), which a process that also imports ferry sees
 // in ferry.metrics(): the plugin and the Python module share one ferry runtime (libferry.so).
-enum class TransferPath { kPutByFerry, kPutByPlugin, kReadByFerry, kReadByPlugin, kRefused };
+enum class TransferPath {
+  kPutByFerry,
+  kPutByPlugin,
+  kReadByFerry,
+  kReadByPlugin,
+  kRefused,
+  kPutByFerryAfterTheCall
+};
 void CountTransferPath(TransferPath path);
 
 class WrappedPlugin {
@@ -67,6 +78,16 @@ class WrappedPlugin {
   // own memory has none either).
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
 
+  // Where ferry fulfils the buffers its puts return before they are written (host_to_device.h):
+  // one thread of its own, so that the callbacks the plugin runs at fulfilment (those its users
+  // registered on the buffer) never hold up a copy worker.
+  Executor& fulfilments() { return fulfilments_; }
+  // Whether ferry may return a buffer before writing it: the wrapped plugin has
+  // PJRT_Client_CreateAliasBuffer and PJRT_Client_FulfillAliasBuffer (API 0.76 on), and has not
+  // refused one yet (AliasRefused: it answered CreateAliasBuffer with an error).
+  bool MayAlias() const;
+  void AliasRefused() { alias_refused_.store(true, std::memory_order_relaxed); }
+
   // True when buffers of `client` are host memory that ferry may write and read itself: the
   // platform is "cpu" and the wrapped plugin has PJRT_Client_CreateViewOfDeviceBuffer and
   // PJRT_Buffer_OpaqueDeviceMemoryDataPointer. Asked once per client.
@@ -80,6 +101,8 @@ class WrappedPlugin {
   PJRT_Api* table_ = nullptr;
   std::unique_ptr<TransferEngine> engine_;
   std::shared_ptr<MemoryAccount> memory_;
+  SerialExecutor fulfilments_;
+  std::atomic<bool> alias_refused_{false};
   Mutex mutex_;
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends
   // only on the plugin, so a stale entry is still right.

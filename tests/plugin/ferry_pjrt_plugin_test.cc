@@ -28,13 +28,13 @@ namespace {
 using pjrt::Args;
 
 // FerryPjrtPluginCounters of the loaded plugin: [puts by ferry, puts by the plugin, reads by
-// ferry, reads by the plugin, refused].
+// ferry, reads by the plugin, refused, puts returned before ferry wrote them, bytes in use].
 std::vector<int64_t> Counters() {
   void* handle = dlopen(FERRY_PJRT_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   auto read = reinterpret_cast<int (*)(int64_t*, int)>(
       handle == nullptr ? nullptr : dlsym(handle, "FerryPjrtPluginCounters"));
   if (read == nullptr) return {};
-  std::vector<int64_t> values(5);
+  std::vector<int64_t> values(7);
   read(values.data(), static_cast<int>(values.size()));
   return values;
 }
@@ -314,7 +314,7 @@ TEST_F(FerryPjrtPluginTest, strided_sources_match_the_wrapped_plugin_bit_for_bit
   Client ferry_client(ferry());
   Client wrapped_client(wrapped());
   const std::vector<int64_t> before = Counters();
-  ASSERT_EQ(before.size(), 5u);
+  ASSERT_EQ(before.size(), 7u);
   for (const Case& c : cases) {
     int64_t count = 1;
     for (int64_t dim : c.dims) count *= dim;
@@ -377,6 +377,105 @@ TEST_F(FerryPjrtPluginTest, done_with_host_buffer_is_a_complete_event_of_the_wra
   auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   destroy.buffer = put.buffer;
   EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+}
+
+// A put large enough for ferry's workers, whose caller keeps the source until done_with_host_buffer
+// (every semantic but kImmutableOnlyDuringCall), returns a pending buffer of the plugin's at once
+// (PJRT_Client_CreateAliasBuffer) and fulfils it once ferry has written the source: read at once
+// (the read waits for the write), read after the source has changed (the buffer keeps what was
+// read), and destroyed while pending (ferry's memory comes back).
+TEST_F(FerryPjrtPluginTest, a_large_put_returns_before_ferry_has_written_it) {
+  if (!FERRY_PJRT_HAS(*Wrapped(), PJRT_Client_CreateAliasBuffer)) {
+    GTEST_SKIP() << "the wrapped plugin has no PJRT_Client_CreateAliasBuffer (API before 0.76)";
+  }
+  Client client(ferry());
+  constexpr int64_t kSide = 1024;  // 4 MiB of float32: past kInlineWriteBytes
+  std::vector<float> source(kSide * kSide);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>(i % 65521) - 7.5f;
+  const std::vector<int64_t> dims = {kSide, kSide};
+  const std::vector<int64_t> transposed = {4, kSide * 4};
+  std::vector<float> expected(source.size());
+  for (int64_t r = 0; r < kSide; ++r) {
+    for (int64_t c = 0; c < kSide; ++c) expected[r * kSide + c] = source[c * kSide + r];
+  }
+  auto read_back = [&](PJRT_Buffer* buffer) {
+    std::vector<float> out(source.size(), -1.0f);
+    auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    read.src = buffer;
+    read.dst = out.data();
+    read.dst_size = out.size() * sizeof(float);
+    EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), read.event, "read").ToString(), "OK");
+    return out;
+  };
+  auto destroy = [&](PJRT_Buffer* buffer) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+    args.buffer = buffer;
+    EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&args)), "");
+  };
+
+  for (PJRT_HostBufferSemantics semantics :
+       {PJRT_HostBufferSemantics_kImmutableZeroCopy,
+        PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes}) {
+    SCOPED_TRACE("semantics " + std::to_string(semantics));
+    const std::vector<int64_t> before = Counters();
+    // Read at once: the read waits for ferry's write (the buffer has no memory until then).
+    auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
+    put.host_buffer_semantics = semantics;
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+    EXPECT_EQ(read_back(put.buffer), expected);
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+    destroy(put.buffer);
+    // Read after the source has changed: done_with_host_buffer said ferry had read it.
+    put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
+    put.host_buffer_semantics = semantics;
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+    std::vector<float> original = source;
+    std::fill(source.begin(), source.end(), 0.0f);
+    auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+    ready.buffer = put.buffer;
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ReadyEvent(&ready)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), ready.event, "ready").ToString(), "OK");
+    EXPECT_EQ(read_back(put.buffer), expected);
+    destroy(put.buffer);
+    source = std::move(original);
+    const std::vector<int64_t> after = Counters();
+    EXPECT_EQ(after[0] - before[0], 2) << "puts by ferry";
+    EXPECT_EQ(after[5] - before[5], 2) << "puts returned before ferry wrote them";
+  }
+
+  // Only during the call: written during the call, done_with_host_buffer complete at return.
+  const std::vector<int64_t> before = Counters();
+  auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = put.done_with_host_buffer;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&is_ready)), "");
+  EXPECT_TRUE(is_ready.is_ready);
+  EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+  EXPECT_EQ(read_back(put.buffer), expected);
+  destroy(put.buffer);
+  EXPECT_EQ(Counters()[5] - before[5], 0) << "puts returned before ferry wrote them";
+
+  // Destroyed while (perhaps) pending: every byte of ferry's memory comes back.
+  const int64_t held_before = Counters()[6];
+  std::vector<PJRT_Event*> done;
+  for (int i = 0; i < 32; ++i) {
+    auto pending = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&pending)), "");
+    destroy(pending.buffer);
+    done.push_back(pending.done_with_host_buffer);
+  }
+  for (PJRT_Event* event : done) {
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), event, "done").ToString(), "OK");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Counters()[6] != held_before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(Counters()[6], held_before) << "bytes ferry holds for the plugin's buffers";
 }
 
 // ferry's ToHostBuffer returns at once with an event of its own. On a buffer still being filled

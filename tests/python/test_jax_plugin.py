@@ -118,6 +118,17 @@ jit_ferry = np.asarray(step(jax.device_put(source.T, ferry_device)))
 jit_wrapped = np.asarray(step(jax.device_put(source.T, wrapped_device)))
 out["jit"] = [same(jit_ferry, jit_wrapped), bool(np.isfinite(jit_ferry).all())]
 
+# Large enough for ferry to return the put before writing it (a pending buffer it fulfils once
+# written): computed on at once, and read at once.
+big = random_array(np.float32, (768, 1024))
+after_the_call = ferry.jax.counters()["puts_after_the_call"]
+big_step = jax.jit(lambda x: (x * 2.0 + 1.0) @ x.T)
+big_ferry = np.asarray(big_step(jax.device_put(big.T, ferry_device)))
+big_wrapped = np.asarray(big_step(jax.device_put(big.T, wrapped_device)))
+big_read = np.asarray(jax.device_put(big[:, ::2], ferry_device))
+out["big_jit"] = [same(big_ferry, big_wrapped), same(big_read, np.ascontiguousarray(big[:, ::2])),
+                  ferry.jax.counters()["puts_after_the_call"] - after_the_call]
+
 donated = jax.device_put(source[:, ::2], ferry_device)
 plus_one = jax.jit(lambda x: x + 1.0, donate_argnums=0)(donated)
 out["donation"] = [same(np.asarray(plus_one), np.ascontiguousarray(source[:, ::2]) + 1.0),
@@ -179,6 +190,12 @@ def test_odd_byte_strides_are_read_right(results):
 
 def test_jit_on_ferry_arrays_matches_the_wrapped_plugin(results):
     assert results["jit"] == [True, True]
+
+
+def test_large_puts_return_before_they_are_written_and_compute_and_read_right(results):
+    same_jit, same_read, after_the_call = results["big_jit"]
+    assert same_jit and same_read
+    assert after_the_call == 2, results["big_jit"]
 
 
 def test_donated_ferry_buffer_is_consumed_and_the_result_right(results):

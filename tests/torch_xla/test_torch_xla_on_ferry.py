@@ -36,7 +36,8 @@ import torch  # noqa: E402
 import torch_xla  # noqa: E402
 
 _LIBRARY = ctypes.CDLL(PLUGIN)
-_NAMES = ("puts_by_ferry", "puts_by_plugin", "reads_by_ferry", "reads_by_plugin", "refused")
+_NAMES = ("puts_by_ferry", "puts_by_plugin", "reads_by_ferry", "reads_by_plugin", "refused",
+          "puts_after_the_call", "bytes_in_use")
 
 
 def counters() -> dict[str, int]:
@@ -107,6 +108,22 @@ def test_elementwise_operations_equal_cpu(xla):
     moved = delta(before)
     # The result was still being computed when torch_xla asked for it: ferry waited and read it.
     assert moved["reads_by_ferry"] >= 1 and moved["reads_by_plugin"] == 0, moved
+
+
+@pytest.mark.parametrize("view", ["contiguous", "transpose", "every_other"])
+def test_large_puts_return_before_ferry_writes_them_and_compute_equal_to_cpu(xla, view):
+    # Past ferry's inline size (256 KiB): the put returns a pending buffer that ferry fulfils once
+    # its workers have written the source; torch_xla computes on it and reads the result at once.
+    base = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(11))
+    source = {"contiguous": base, "transpose": base.t(), "every_other": base[::2, ::2]}[view]
+    before = counters()
+    on_device = source.to(xla)
+    got = ((on_device + 1) * 2).cpu()
+    assert torch.equal(got, (source + 1) * 2)
+    assert torch.equal(on_device.cpu(), source)
+    moved = delta(before)
+    assert moved["puts_after_the_call"] >= 1 and moved["puts_by_plugin"] == 0, moved
+    assert moved["reads_by_ferry"] >= 2 and moved["reads_by_plugin"] == 0, moved
 
 
 def test_matmul_equals_cpu(xla):
