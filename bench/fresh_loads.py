@@ -15,6 +15,15 @@ loader does:
   runai            runai-model-streamer's SafetensorsStreamer.stream_file(path, owned=True)
                    and every tensor of get_tensors()
 
+Two yardsticks, not loaders, bound what any loader that puts the bytes into fresh memory of its
+own can do on this machine:
+
+  read_floor       the whole file read with pread into one fresh anonymous mapping, 8 MiB reads
+                   from one thread per core (warm: the kernel's page-cache copy plus the first
+                   touch of every fresh page; cold: buffered reads, that many in flight)
+  direct_floor     cold only: the same with O_DIRECT, 32 reads of 1 MiB in flight (the disk's
+                   rate without the page cache)
+
 Loaders are interleaved (round r runs each loader once, in a rotated order) so that a change of
 the machine's load falls on all of them. `warm`: the file in the page cache (one untimed run of
 each loader first). `cold`: the file dropped from the page cache before each run
@@ -45,8 +54,10 @@ import sys
 from bench_json import write_document
 import time
 
-LOADERS = ["ferry", "ferry_put", "safetensors", "fastsafetensors", "tensorizer", "runai"]
+LOADERS = ["ferry", "ferry_put", "safetensors", "fastsafetensors", "tensorizer", "runai",
+           "read_floor", "direct_floor"]
 PEERS = ["fastsafetensors", "tensorizer", "runai"]  # the done-when's peers (issue 24)
+FLOORS = ["read_floor", "direct_floor"]  # yardsticks: bytes into fresh memory, nothing else
 FILES = ["sample_1g", "mixed_2g", "many_20k"]
 
 
@@ -96,12 +107,53 @@ def load_runai(path):
         return dict(streamer.get_tensors())
 
 
+def read_into_fresh_memory(path, direct, threads, read_bytes):
+    """Every byte of `path` into one fresh anonymous mapping (page-aligned, as O_DIRECT needs),
+    `threads` preads of `read_bytes` in flight; returns the mapping as one uint8 tensor."""
+    import mmap as mmap_module
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    size = os.path.getsize(path)
+    page = mmap_module.PAGESIZE
+    # Private: mmap's default for anonymous memory is MAP_SHARED, shared memory (tmpfs) pages.
+    memory = mmap_module.mmap(-1, (size + page - 1) // page * page or page,
+                              flags=mmap_module.MAP_PRIVATE | mmap_module.MAP_ANONYMOUS)
+    view = memoryview(memory)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    try:
+        def read(offset):
+            end = min(offset + read_bytes, len(view))
+            while offset < end:  # O_DIRECT reads whole pages: the last one may end past the file
+                got = os.preadv(fd, [view[offset:end]], offset)
+                if got == 0:
+                    break
+                offset += got
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(read, range(0, size, read_bytes)))
+    finally:
+        os.close(fd)
+    return {"bytes": torch.frombuffer(memory, dtype=torch.uint8, count=size)}
+
+
+def load_read_floor(path):
+    return read_into_fresh_memory(path, direct=False, threads=os.cpu_count(), read_bytes=8 << 20)
+
+
+def load_direct_floor(path):
+    return read_into_fresh_memory(path, direct=True, threads=32, read_bytes=1 << 20)
+
+
 CHILD_LOADERS = {"ferry": load_ferry, "safetensors": load_safetensors,
                  "fastsafetensors": load_fastsafetensors, "tensorizer": load_tensorizer,
-                 "runai": load_runai}
+                 "runai": load_runai, "read_floor": load_read_floor,
+                 "direct_floor": load_direct_floor}
 IMPORTS = {"ferry": ["torch", "ferry"], "safetensors": ["torch", "safetensors"],
            "fastsafetensors": ["torch", "fastsafetensors"], "tensorizer": ["torch", "tensorizer"],
-           "runai": ["torch", "runai_model_streamer"]}
+           "runai": ["torch", "runai_model_streamer"], "read_floor": ["torch"],
+           "direct_floor": ["torch"]}
 
 
 def run_child(loader, path):
@@ -161,6 +213,8 @@ def loader_file(loader, path):
 def run_once(args, loader, path, cold):
     if (loader, path) in UNAVAILABLE:
         return {"loader": loader, "cold": cold, "error": UNAVAILABLE[(loader, path)]}
+    if loader == "direct_floor" and not cold:
+        return {"loader": loader, "cold": cold, "error": "cold only (O_DIRECT skips the page cache)"}
     source = loader_file(loader, path)
     if cold:
         drop_from_page_cache(source)
@@ -287,11 +341,17 @@ def print_table(rows):
                   f"the lowest peer", file=out)
         if "vs_safetensors" in row:
             print(f"{'':<33} ferry vs safetensors: {row['vs_safetensors']:.2f}x time", file=out)
+        if "floor" in row:
+            print(f"{'':<33} {row['floor']} {row['floor_seconds']:.3f} s: ferry at "
+                  f"{row['ferry_vs_floor']:.2f}x its speed; the best peer is "
+                  f"{row['best_peer_over_floor']:.2f}x its time", file=out)
 
 
 def add_ratios(rows):
     """ferry's rows: vs_best_peer (the fastest of PEERS' median over ferry's), the RSS over the
-    lowest peer's, and vs_safetensors."""
+    lowest peer's, vs_safetensors, and against the fastest floor (FLOORS): ferry_vs_floor (the
+    floor's median over ferry's) and best_peer_over_floor (the fastest peer's median over the
+    floor's: the most that any loader into fresh memory could be ahead of that peer)."""
     for row in rows:
         if row["loader"] != "ferry" or row["error"]:
             continue
@@ -304,6 +364,14 @@ def add_ratios(rows):
             row["vs_best_peer"] = best["seconds_median"] / row["seconds_median"]
             row["rss_vs_best_peer_rss"] = (row["peak_rss_bytes_median"]
                                            / min(r["peak_rss_bytes_median"] for r in peers))
+        floors = [r for r in same if r["loader"] in FLOORS]
+        if floors:
+            floor = min(floors, key=lambda r: r["seconds_median"])
+            row["floor"] = floor["loader"]
+            row["floor_seconds"] = floor["seconds_median"]
+            row["ferry_vs_floor"] = floor["seconds_median"] / row["seconds_median"]
+            if peers:
+                row["best_peer_over_floor"] = best["seconds_median"] / floor["seconds_median"]
         safetensors = [r for r in same if r["loader"] == "safetensors"]
         if safetensors:
             row["vs_safetensors"] = safetensors[0]["seconds_median"] / row["seconds_median"]
