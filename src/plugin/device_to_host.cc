@@ -6,6 +6,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_view.h"
 #include "fmt/format.h"
+#include "src/core/tsan_hand_off.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/device/transfer_engine.h"
 #include "src/plugin/plugin_errors.h"
@@ -76,6 +77,9 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
     ReleaseHold(api, buffer);
     return std::nullopt;
   }
+  // Written by ferry's workers after a put that returned before them (host_to_device.cc), and
+  // ordered before this read by the plugin's events, which TSan cannot see.
+  TakeBackFromPlugin(pointer.device_memory_ptr);
   return ReadableBuffer{static_cast<const std::byte*>(pointer.device_memory_ptr), *dtype,
                         Dims(dims.dims, dims.dims + dims.num_dims)};
 }
