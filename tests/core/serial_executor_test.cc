@@ -15,10 +15,12 @@ namespace ferry {
 namespace {
 
 TEST(SerialExecutorTest, RunsTasksInTheOrderGivenOnAThreadOfItsOwn) {
-  SerialExecutor executor;
   std::vector<int> order;  // written only by the executor's thread, read after the last task
   std::vector<std::thread::id> threads;
   Promise<> last;
+  // Declared last, so destroyed (its thread joined) first: a task may still be inside
+  // last.Set(), after waking this thread, when the test ends.
+  SerialExecutor executor;
   for (int i = 0; i < 100; ++i) {
     executor.Execute([&, i] {
       order.push_back(i);
@@ -57,9 +59,9 @@ TEST(SerialExecutorTest, TasksFromManyThreadsEachRunOnceAndMayGiveMore) {
 }
 
 TEST(SerialExecutorTest, FutureContinuationsRunOnTheExecutorNotOnTheSettingThread) {
-  SerialExecutor executor;
   Promise<int> promise;
   Promise<std::thread::id> ran_on;
+  SerialExecutor executor;  // destroyed first: see above
   promise.future().OnReady(executor, [&](const StatusOr<int>& value) {
     EXPECT_EQ(*value, 7);
     ran_on.Set(std::this_thread::get_id());
