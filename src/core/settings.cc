@@ -78,11 +78,15 @@ constexpr SettingInfo kSettings[] = {
      "The size of each read a load makes from a file straight into device memory (`ferry put`, "
      "`load_file(path, device)` on host devices: pread); a large tensor is read in pieces of "
      "this size, FERRY_LOAD_READ_THREADS of them at once."},
-    {"FERRY_LOAD_READ_THREADS", SettingScope::kProcess, kThreadCount, "none: one per core", "",
+    {"FERRY_LOAD_READ_THREADS", SettingScope::kProcess, kThreadCount,
+     "none: one per core, more while other work keeps the cores busy", "",
      "How many reads of a file being loaded are in flight at once (`ferry put`, "
      "`load_file(path, device)`): the threads that read tensors straight into host-writable "
      "device memory (pread) and those that fault in the next window of the mapped file; a cold "
-     "file on a fast disk needs several to reach its bandwidth."},
+     "file on a fast disk needs several to reach its bandwidth. Unset, a load takes one per core "
+     "when nothing else is runnable, and three more for each thread of other work runnable when "
+     "it starts (/proc/loadavg), at most four per core: the scheduler shares the cores among "
+     "runnable threads, so a busy machine would otherwise give the load a fraction of them."},
     {"FERRY_LOAD_WINDOW_BYTES", SettingScope::kProcess, kByteCount, "268435456 (256 MiB)", "",
      "How many bytes of a file a load puts at a time (`ferry put`, `load_file(path, device)`, "
      "`ferry.jax.load_file`) before it gives their mapped pages back; the load holds about two "

@@ -10,13 +10,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ferry/core/settings.h"
 #include "ferry/io/mapped_file.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/io/tensor_writer.h"
+#include "ferry/runtime/file_load.h"
 #include "fmt/format.h"
 #include "src/io/file_error.h"
 #include "src/io/utf8.h"
@@ -159,12 +159,12 @@ void AddTensorFileFunctions(nb::module_& module) {
   module.def(
       "_load_read_threads",
       [] {
-        StatusOr<std::optional<int>> threads = settings::LoadReadThreads();
-        ThrowIfError(threads.status());
-        return threads->value_or(
-            std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+        StatusOr<FileLoadOptions> options = FileLoadOptionsFromSettings();
+        ThrowIfError(options.status());
+        return options->read_threads;
       },
-      "FERRY_LOAD_READ_THREADS, or one per core; a bad value raises.");
+      "FERRY_LOAD_READ_THREADS, or one per core (more while other work keeps the cores busy); a "
+      "bad value raises.");
   module.def(
       "_prefetch_mapped_pages",
       [](uintptr_t address, int64_t size, int threads) {

@@ -7,6 +7,7 @@
 
 #include "ferry/core/settings.h"
 #include "ferry/runtime/file_read.h"
+#include "src/runtime/read_threads.h"
 
 namespace ferry {
 namespace {
@@ -222,8 +223,7 @@ StatusOr<FileLoadOptions> FileLoadOptionsFromSettings() {
   FERRY_ASSIGN_OR_RETURN(options.window_bytes, settings::LoadWindowBytes());
   FERRY_ASSIGN_OR_RETURN(options.read_bytes, settings::LoadReadBytes());
   FERRY_ASSIGN_OR_RETURN(const std::optional<int> threads, settings::LoadReadThreads());
-  options.read_threads =
-      threads.value_or(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  options.read_threads = threads.has_value() ? *threads : DefaultLoadReadThreads();
   return options;
 }
 

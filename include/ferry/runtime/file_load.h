@@ -67,8 +67,10 @@ struct FileLoadOptions {
   std::function<Status()> after_window;
 };
 
-// The options the settings give (FERRY_LOAD_WINDOW_BYTES, FERRY_LOAD_READ_THREADS: one per core
-// by default, FERRY_LOAD_READ_BYTES); InvalidArgument naming a bad value.
+// The options the settings give (FERRY_LOAD_WINDOW_BYTES, FERRY_LOAD_READ_THREADS,
+// FERRY_LOAD_READ_BYTES); InvalidArgument naming a bad value. Without FERRY_LOAD_READ_THREADS: one
+// read thread per core on a quiet machine, more while other work keeps the cores busy
+// (src/runtime/read_threads.h).
 StatusOr<FileLoadOptions> FileLoadOptionsFromSettings();
 
 // Loads every tensor, in order (the files' data order keeps each window one stretch of a file),
