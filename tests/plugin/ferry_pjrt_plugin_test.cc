@@ -478,6 +478,84 @@ TEST_F(FerryPjrtPluginTest, a_large_put_returns_before_ferry_has_written_it) {
   EXPECT_EQ(Counters()[6], held_before) << "bytes ferry holds for the plugin's buffers";
 }
 
+// What the pjrt backend's staged reads assume least (src/device/pjrt/pjrt_buffer.cc awaits each
+// CopyRawToHost event on its staging worker because an early session saw a read's callbacks run
+// before its bytes had landed): the wrapped plugin, with eight partial reads of a just-made buffer
+// in flight, has written each read's bytes when its event's OnReady callback runs. Compared
+// byte for byte (not as floats: a thread with denormals flushed reads some as zero).
+TEST_F(FerryPjrtPluginTest, the_wrapped_plugin_has_written_a_raw_reads_bytes_before_its_callbacks) {
+  if (!FERRY_PJRT_HAS(*Wrapped(), PJRT_Buffer_CopyRawToHost)) {
+    GTEST_SKIP() << "the wrapped plugin has no PJRT_Buffer_CopyRawToHost";
+  }
+  const PJRT_Api& api = wrapped();
+  Client client(api);
+  constexpr int64_t kChunks = 8;
+  constexpr int64_t kChunkBytes = int64_t{1} << 20;
+  std::vector<std::byte> source(kChunks * kChunkBytes);
+  std::mt19937 random(12345);
+  for (std::byte& b : source) b = static_cast<std::byte>(random() | 1);  // never zero
+  const std::vector<int64_t> dims = {static_cast<int64_t>(source.size())};
+  struct Chunk {
+    const std::byte* expected;
+    const std::byte* got;
+    std::atomic<int>* early;
+    std::atomic<int>* done;
+  };
+  std::atomic<int> early{0};
+  std::atomic<int> done{0};
+  int issued = 0;
+  std::vector<std::byte> out(source.size());
+  for (int repeat = 0; repeat < 25; ++repeat) {
+    auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_U8, dims, nullptr);
+    put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+    ASSERT_EQ(Describe(api, api.PJRT_Client_BufferFromHostBuffer(&put)), "");
+    std::fill(out.begin(), out.end(), std::byte{0});
+    std::vector<PJRT_Event*> events;
+    for (int64_t c = 0; c < kChunks; ++c) {
+      auto read = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+      read.buffer = put.buffer;
+      read.dst = out.data() + c * kChunkBytes;
+      read.offset = c * kChunkBytes;
+      read.transfer_size = kChunkBytes;
+      ASSERT_EQ(Describe(api, api.PJRT_Buffer_CopyRawToHost(&read)), "");
+      auto on_ready = FERRY_PJRT_ARGS(PJRT_Event_OnReady_Args);
+      on_ready.event = read.event;
+      on_ready.user_arg =
+          new Chunk{source.data() + c * kChunkBytes, out.data() + c * kChunkBytes, &early, &done};
+      on_ready.callback = [](PJRT_Error* error, void* user_arg) {
+        auto* chunk = static_cast<Chunk*>(user_arg);
+        if (error != nullptr || std::memcmp(chunk->expected, chunk->got, kChunkBytes) != 0) {
+          chunk->early->fetch_add(1);
+        }
+        if (error != nullptr) {
+          auto destroy = FERRY_PJRT_ARGS(PJRT_Error_Destroy_Args);
+          destroy.error = error;
+          Wrapped()->api->PJRT_Error_Destroy(&destroy);
+        }
+        chunk->done->fetch_add(1);
+        delete chunk;
+      };
+      ASSERT_EQ(Describe(api, api.PJRT_Event_OnReady(&on_ready)), "");
+      events.push_back(read.event);
+      ++issued;
+    }
+    for (PJRT_Event* event : events) {
+      EXPECT_EQ(pjrt::AwaitEvent(api, event, "raw read").ToString(), "OK");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (done.load() < issued && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_EQ(done.load(), issued);
+    EXPECT_EQ(out, source);
+    auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+    destroy.buffer = put.buffer;
+    EXPECT_EQ(Describe(api, api.PJRT_Buffer_Destroy(&destroy)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(api, put.done_with_host_buffer, "done").ToString(), "OK");
+  }
+  EXPECT_EQ(early.load(), 0) << "of " << issued << " callbacks, these found their bytes unwritten";
+}
+
 // ferry's ToHostBuffer returns at once with an event of its own. On a buffer still being filled
 // (the wrapped plugin's transfer manager: not ready until its data comes) the call returns with
 // the event pending; the event completes once the fill has and ferry has copied, and answers
