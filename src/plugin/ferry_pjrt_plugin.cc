@@ -18,6 +18,7 @@ extern "C" __attribute__((visibility("default"))) const PJRT_Api* GetPjrtApi() {
 // Any thread.
 namespace {
 
+// Made by GetPjrtApi; a caller that asks before (C code reading the counters first) makes it here.
 int64_t BytesInUse() {
   ferry::StatusOr<ferry::plugin::WrappedPlugin*> plugin = ferry::plugin::WrappedPlugin::Get();
   return plugin.ok() ? (*plugin)->memory()->in_use() : 0;

@@ -48,8 +48,8 @@ struct PathCounters {
 PathCounters& Counters();
 // Counts one call of a transfer entry by the path it took: in Counters() and in ferry's metrics
 // (PjrtPluginPutsByFerry, PjrtPluginPutsByPlugin, PjrtPluginReadsByFerry,
-// PjrtPluginReadsByPlugin, PjrtPluginRefusedCalls, PjrtPluginPutsAfterTheCall: a put by ferry
-// counts there too), which a process that also imports ferry sees
+// PjrtPluginReadsByPlugin, PjrtPluginRefusedCalls, PjrtPluginPutsAfterTheCall; a put after the
+// call counts in PjrtPluginPutsByFerry too), which a process that also imports ferry sees
 // in ferry.metrics(): the plugin and the Python module share one ferry runtime (libferry.so).
 enum class TransferPath {
   kPutByFerry,
@@ -84,7 +84,7 @@ class WrappedPlugin {
   Executor& fulfilments() { return fulfilments_; }
   // Whether ferry may return a buffer before writing it: the wrapped plugin has
   // PJRT_Client_CreateAliasBuffer and PJRT_Client_FulfillAliasBuffer (API 0.76 on), and has not
-  // refused one yet (AliasRefused: it answered CreateAliasBuffer with an error).
+  // answered CreateAliasBuffer UNIMPLEMENTED (AliasRefused).
   bool MayAlias() const;
   void AliasRefused() { alias_refused_.store(true, std::memory_order_relaxed); }
 
