@@ -18,6 +18,7 @@
 
 #include "gtest/gtest.h"
 #include "pjrt_c_api.h"
+#include "src/core/tsan_hand_off.h"
 #include "src/device/pjrt/pjrt_library.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "tests/required_backends.h"
@@ -523,6 +524,7 @@ TEST_F(FerryPjrtPluginTest, the_wrapped_plugin_has_written_a_raw_reads_bytes_bef
       on_ready.user_arg =
           new Chunk{source.data() + c * kChunkBytes, out.data() + c * kChunkBytes, &early, &done};
       on_ready.callback = [](PJRT_Error* error, void* user_arg) {
+        TakeBackFromPlugin(user_arg);
         auto* chunk = static_cast<Chunk*>(user_arg);
         if (error != nullptr || std::memcmp(chunk->expected, chunk->got, kChunkBytes) != 0) {
           chunk->early->fetch_add(1);
@@ -535,6 +537,7 @@ TEST_F(FerryPjrtPluginTest, the_wrapped_plugin_has_written_a_raw_reads_bytes_bef
         chunk->done->fetch_add(1);
         delete chunk;
       };
+      HandOffToPlugin(on_ready.user_arg);  // TSan cannot see the uninstrumented plugin's order
       ASSERT_EQ(Describe(api, api.PJRT_Event_OnReady(&on_ready)), "");
       events.push_back(read.event);
       ++issued;
