@@ -136,25 +136,21 @@ struct Destination {
   std::shared_ptr<DeviceAllocation> allocation;
 };
 
-// The source of `args` and the plan that writes it, with its own byte strides, densely into new
-// memory from ferry's warm cache (AllocateHostMemory: memory written before, not fresh pages).
+// The plan that writes `src` (the source of `args`, its addressed bytes checked by the caller),
+// with its own byte strides, densely into new memory from ferry's warm cache (AllocateHostMemory:
+// memory written before, not fresh pages).
 StatusOr<std::pair<Destination, CopyConvertPlan>> PlanWrite(
-    WrappedPlugin& plugin, const PJRT_Client_BufferFromHostBuffer_Args& args, DType dtype,
+    WrappedPlugin& plugin, const PJRT_Client_BufferFromHostBuffer_Args& args, const HostView& src,
     PJRT_Memory* memory) {
-  Dims dims(args.dims, args.dims + args.num_dims);
-  Dims strides = args.byte_strides != nullptr
-                     ? Dims(args.byte_strides, args.byte_strides + args.num_byte_strides)
-                     : RowMajorByteStrides(dims, DTypeSize(dtype));
-  const HostView src(args.data, dtype, dims, std::move(strides));
-  FERRY_RETURN_IF_ERROR(src.ComputeAddressedBytes(kWhat).status());
   const int64_t size_bytes = src.dense_size_bytes();
   FERRY_ASSIGN_OR_RETURN(
       auto allocation,
       DeviceAllocation::Create(plugin.memory(), size_bytes, kWhat, "the ferry plugin's device"));
-  FERRY_ASSIGN_OR_RETURN(CopyConvertPlan plan,
-                         CopyConvertPlan::Create(
-                             src, MutableHostView::Dense(allocation->mutable_data(), dtype, dims)));
-  return std::make_pair(Destination{args.client, args.device, memory, args.type, std::move(dims),
+  FERRY_ASSIGN_OR_RETURN(
+      CopyConvertPlan plan,
+      CopyConvertPlan::Create(
+          src, MutableHostView::Dense(allocation->mutable_data(), src.dtype, src.dims)));
+  return std::make_pair(Destination{args.client, args.device, memory, args.type, src.dims,
                                     size_bytes, std::move(allocation)},
                         std::move(plan));
 }
@@ -183,10 +179,10 @@ StatusOr<PJRT_Buffer*> ViewOf(const PJRT_Api& api, const Destination& destinatio
 
 // ferry's path during the call: the source into warm memory on the engine's workers, then a
 // view of it. `args` is checked.
-Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args, DType dtype,
-                    PJRT_Memory* memory) {
+Status WriteAndView(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args,
+                    const HostView& src, PJRT_Memory* memory) {
   const PJRT_Api& api = plugin.wrapped();
-  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, dtype, memory));
+  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, src, memory));
   auto& [destination, plan] = planned;
   if (destination.size_bytes > 0) {
     FERRY_ASSIGN_OR_RETURN(
@@ -263,9 +259,9 @@ void Fulfil(const PJRT_Api& api, PJRT_Client* client, const PendingBuffer& pendi
 // done_with_host_buffer is ferry's own event, complete once the source has been read. Returns
 // false, having made nothing, where the plugin refuses the pending buffer.
 StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHostBuffer_Args& args,
-                                 DType dtype, PJRT_Memory* memory) {
+                                 const HostView& src, PJRT_Memory* memory) {
   const PJRT_Api& api = plugin.wrapped();
-  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, dtype, memory));
+  FERRY_ASSIGN_OR_RETURN(auto planned, PlanWrite(plugin, args, src, memory));
   auto& [destination, plan] = planned;
   StatusOr<PendingBuffer> pending = CreatePending(api, args, memory);
   if (!pending.ok()) {
@@ -330,14 +326,14 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
       if (std::optional<PJRT_Memory*> memory = DefaultTargetMemory(**plugin, *args)) {
         if (args->host_buffer_semantics != PJRT_HostBufferSemantics_kImmutableOnlyDuringCall &&
             src.dense_size_bytes() > kInlineWriteBytes && (*plugin)->MayAlias()) {
-          StatusOr<bool> started = WriteAfterTheCall(**plugin, *args, *dtype, *memory);
+          StatusOr<bool> started = WriteAfterTheCall(**plugin, *args, src, *memory);
           if (!started.ok()) return MakeError(started.status());
           if (*started) {
             CountTransferPath(TransferPath::kPutByFerryAfterTheCall);
             return nullptr;
           }
         }
-        if (Status status = WriteAndView(**plugin, *args, *dtype, *memory); !status.ok()) {
+        if (Status status = WriteAndView(**plugin, *args, src, *memory); !status.ok()) {
           return MakeError(status);
         }
         CountTransferPath(TransferPath::kPutByFerry);
