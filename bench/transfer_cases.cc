@@ -12,6 +12,7 @@
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/host_view.h"
 #include "ferry/device/device.h"
+#include "ferry/device/registry.h"
 #include "ferry/runtime/sharding.h"
 #include "ferry/runtime/tensor_source.h"
 #include "ferry/runtime/transfer.h"
@@ -199,6 +200,31 @@ StatusOr<PreparedCase> PrepareD2H(const CaseContext& context, int64_t full_count
   return prepared;
 }
 
+// d2d_copy: 64 MiB of f32 on the device (put outside timing) copied to a second device of the
+// backend (the mesh's second device), or to the host backend's device where there is none.
+StatusOr<PreparedCase> PrepareD2DCopy(const CaseContext& context) {
+  const int64_t count = ScaledCount(16 * kMiB, context.scale, 64);
+  PreparedCase prepared;
+  Device* target = context.mesh_devices.size() > 1 ? context.mesh_devices[1] : nullptr;
+  if (target == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Client> host, CreateClient("host"));
+    target = host->devices()[0];
+    prepared.keep_alive = std::move(host);
+  }
+  FERRY_ASSIGN_OR_RETURN(HostTensor tensor, MakeFilledTensor(DType::kF32, {count}, 6));
+  std::vector<std::shared_ptr<const TensorSource>> sources = {
+      TensorSource::FromHostTensor(std::move(tensor), "d2d")};
+  FERRY_ASSIGN_OR_RETURN(std::vector<DataPtr> data, TransferToDevice(sources, context.device));
+  FERRY_RETURN_IF_ERROR(AwaitReady(data));
+  prepared.bytes = count * 4;
+  prepared.details["target"] = target->name();
+  prepared.details["dims"] = std::vector<int64_t>{count};
+  prepared.devices = {context.device, target};
+  prepared.ferry = MakeD2DFerryPath(data, target);
+  prepared.staged = MakeD2DStagedPath(std::move(data), target);
+  return prepared;
+}
+
 // The sharded cases' tensor: 8192x8192 f32 (each side scaled by sqrt(scale)), rows split over
 // mesh axis "x" and columns over "y" of a 2x2 mesh, so every shard is a strided quarter.
 struct ShardedSetup {
@@ -364,6 +390,8 @@ std::vector<CaseDefinition> AllCases() {
        }},
       {"d2h_upcast_bf16_f32", "128 MiB bf16 on the device read back as 256 MiB f32",
        [](const CaseContext& c) { return PrepareD2H(c, 64 * kMiB, DType::kBF16, "d2h_bf16"); }},
+      {"d2d_copy", "64 MiB f32 copied to a second device (the host backend's if none)",
+       PrepareD2DCopy},
       {"d2h_sharded_4_assemble", "8192x8192 f32 on a 2x2 mesh read back whole (AssembleShards)",
        PrepareD2HShardedAssemble},
       {"file_put_safetensors",

@@ -141,6 +141,42 @@ class D2HStagedPath : public Path {
   std::vector<OldTemporary> results_;
 };
 
+// A copy of device data onto another device (CopyToDevice), waited for: ferry's way, and the way
+// Buffer::CopyToDevice went before it returned at once (read into host memory, put from there).
+class D2DPath : public Path {
+ public:
+  D2DPath(std::vector<DataPtr> data, Device* target, bool through_host_and_wait)
+      : data_(std::move(data)), target_(target), through_host_and_wait_(through_host_and_wait) {}
+
+  Status Run() override {
+    if (!through_host_and_wait_) {
+      FERRY_ASSIGN_OR_RETURN(copies_, CopyToDevice(data_, target_));
+      return AwaitReady(copies_);
+    }
+    FERRY_RETURN_IF_ERROR(AwaitReady(data_));
+    FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> staged,
+                           TransferFromDevice(data_, {.in_device_dtype = true}));
+    std::vector<std::shared_ptr<const TensorSource>> sources;
+    for (size_t i = 0; i < staged.size(); ++i) {
+      sources.push_back(TensorSource::FromHostTensor(std::move(staged[i]), data_[i]->name()));
+    }
+    TransferToDeviceOptions options;
+    options.semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
+    FERRY_ASSIGN_OR_RETURN(copies_, TransferToDevice(sources, target_, options));
+    return AwaitReady(copies_);
+  }
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    return TransferFromDevice(copies_, {.in_device_dtype = true});
+  }
+  void Release() override { copies_.clear(); }
+
+ private:
+  const std::vector<DataPtr> data_;
+  Device* const target_;
+  const bool through_host_and_wait_;
+  std::vector<DataPtr> copies_;
+};
+
 TransferToDeviceOptions BenchOptions() {
   TransferToDeviceOptions options;
   options.semantics = kBenchSemantics;
@@ -343,6 +379,14 @@ std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data) {
 
 std::unique_ptr<Path> MakeD2HStagedPath(std::vector<DataPtr> data) {
   return std::make_unique<D2HStagedPath>(std::move(data));
+}
+
+std::unique_ptr<Path> MakeD2DFerryPath(std::vector<DataPtr> data, Device* target) {
+  return std::make_unique<D2DPath>(std::move(data), target, false);
+}
+
+std::unique_ptr<Path> MakeD2DStagedPath(std::vector<DataPtr> data, Device* target) {
+  return std::make_unique<D2DPath>(std::move(data), target, true);
 }
 
 std::unique_ptr<Path> MakeShardedH2DFerryPath(std::shared_ptr<const TensorSource> source,

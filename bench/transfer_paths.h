@@ -55,6 +55,12 @@ std::unique_ptr<Path> MakeH2DStagedPath(std::vector<std::shared_ptr<const Tensor
 // TransferFromDevice(data): each tensor in its logical dtype.
 std::unique_ptr<Path> MakeD2HFerryPath(std::vector<DataPtr> data);
 
+// CopyToDevice(data, target) then AwaitReady.
+std::unique_ptr<Path> MakeD2DFerryPath(std::vector<DataPtr> data, Device* target);
+// The old default of Buffer::CopyToDevice: wait for the data, read it into host tensors in the
+// device dtype, put those on `target` with kImmutableOnlyDuringCall, AwaitReady.
+std::unique_ptr<Path> MakeD2DStagedPath(std::vector<DataPtr> data, Device* target);
+
 // The old path: TransferFromDevice in the device dtype, then a fresh temporary of the logical
 // dtype filled by the old copy-convert on the calling thread (a plain copy when the dtypes are
 // equal); the device-dtype copies are freed before Run() returns.

@@ -6,8 +6,10 @@
 #include "ferry/core/convert.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
+#include "ferry/device/buffer_writer.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/background_executor.h"
 
 namespace ferry {
 
@@ -94,14 +96,82 @@ Future<> Buffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* d
   return Future<>::Ready(OkStatus());
 }
 
-StatusOr<std::unique_ptr<Buffer>> Buffer::CopyToDevice(Device* target) {
-  if (target == nullptr) return InvalidArgumentError("CopyToDevice: no target device");
-  FERRY_RETURN_IF_ERROR(Ready().Await());
-  FERRY_ASSIGN_OR_RETURN(HostTensor staged, HostTensor::Allocate(device_dtype(), dims()));
-  FERRY_RETURN_IF_ERROR(ToHost(staged.mutable_view()).Await());
-  return target->client()->BufferFromHostBuffer(staged.view(), device_dtype(), target,
+namespace {
+
+// The old way, for a target that cannot create a buffer to fill later: waits for the source, reads
+// it into a dense host tensor and puts that on `target` (returning once the put is on its way).
+StatusOr<std::unique_ptr<Buffer>> CopyThroughHostAndWait(Buffer& source, Device* target) {
+  FERRY_RETURN_IF_ERROR(source.Ready().Await());
+  FERRY_ASSIGN_OR_RETURN(HostTensor staged,
+                         HostTensor::Allocate(source.device_dtype(), source.dims()));
+  FERRY_RETURN_IF_ERROR(source.ToHost(staged.mutable_view()).Await());
+  return target->client()->BufferFromHostBuffer(staged.view(), source.device_dtype(), target,
                                                 HostBufferSemantics::kImmutableOnlyDuringCall,
                                                 nullptr, "copy");
+}
+
+// Ends a copy's fill with the read's error, saying which copy it was.
+void AbortCopy(BufferWriter& writer, const Status& status, const std::string& what) {
+  writer.Abort(Status(status.code(), fmt::format("{}: {}", what, std::string(status.message()))));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Buffer>> Buffer::CopyToDevice(Device* target) {
+  if (target == nullptr) return InvalidArgumentError("CopyToDevice: no target device");
+  if (Ready().IsReady() && Ready().Await().ok()) {
+    if (std::shared_ptr<const void> hold = HoldHostAccessibleMemory()) {
+      FERRY_ASSIGN_OR_RETURN(HostView memory, HostAccessibleView());
+      return target->client()->BufferFromHostBuffer(
+          memory, device_dtype(), target, HostBufferSemantics::kImmutableUntilTransferCompletes,
+          [hold = std::move(hold)]() mutable { hold.reset(); }, "copy");
+    }
+  }
+  StatusOr<std::unique_ptr<BufferWriter>> created =
+      target->client()->CreateBufferWriter(device_dtype(), dims(), target, {}, "copy");
+  if (created.status().code() == absl::StatusCode::kUnimplemented) {
+    return CopyThroughHostAndWait(*this, target);
+  }
+  FERRY_RETURN_IF_ERROR(created.status());
+  std::shared_ptr<BufferWriter> writer = *std::move(created);
+  if (writer->size_bytes() != size_bytes()) {
+    return InternalError(fmt::format("CopyToDevice: {} holds the copy in {} bytes, the source {}",
+                                     target->name(), writer->size_bytes(), size_bytes()));
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> copy, writer->TakeBuffer());
+  if (size_bytes() == 0) return copy;  // complete already: nothing to carry
+  std::string what = fmt::format("copy to {}", target->name());
+
+  // Where the host may write the copy's memory (the host backend), the read lands there: one copy
+  // of the bytes, and reporting it is cheap enough for whichever thread completes the read.
+  if (auto* in_place = static_cast<std::byte*>(writer->HostWritableBytes())) {
+    Future<> read = CopyRawToHost(0, size_bytes(), in_place);
+    if (read.IsReady() && !read.Await().ok()) return read.Await();  // refused at once
+    read.OnReady([writer, size = size_bytes(), what = std::move(what)](const Status& status) {
+      Status done = status.ok() ? writer->Written(0, size) : status;
+      if (!done.ok()) AbortCopy(*writer, done, what);
+    });
+    return copy;
+  }
+  // Else through a host tensor, written on the background executor: a write may block (OpenCL's
+  // is synchronous) and must hold up neither a copy worker nor a plugin's event thread.
+  FERRY_ASSIGN_OR_RETURN(HostTensor staged, HostTensor::Allocate(DType::kU8, {size_bytes()}));
+  auto staging = std::make_shared<HostTensor>(std::move(staged));
+  Future<> read = CopyRawToHost(0, size_bytes(), staging->data());
+  if (read.IsReady() && !read.Await().ok()) return read.Await();
+  read.OnReady(BackgroundExecutor(),
+               [writer, staging, what = std::move(what)](const Status& status) mutable {
+                 if (!status.ok()) {
+                   AbortCopy(*writer, status, what);
+                   return;
+                 }
+                 Future<> written = writer->Write(0, staging->data(), writer->size_bytes());
+                 // The write holds the staging tensor until the device has taken its bytes.
+                 written.OnReady([writer, staging, what = std::move(what)](const Status& status) {
+                   if (!status.ok()) AbortCopy(*writer, status, what);
+                 });
+               });
+  return copy;
 }
 
 Status CheckRawRange(int64_t buffer_bytes, int64_t offset_bytes, int64_t size_bytes,

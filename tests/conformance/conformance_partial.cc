@@ -1,11 +1,15 @@
 // Partial reads (Buffer::CopyRawToHost) and device-to-device copies (Buffer::CopyToDevice): what
 // accelerators need beyond whole-buffer transfers, held to the same contract on every backend.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "conformance_suite.h"
+#include "ferry/device/buffer_writer.h"
 #include "ferry/runtime/transfer.h"
+#include "tests/call_on_its_own_thread.h"
 
 namespace ferry::conformance {
 namespace {
@@ -167,6 +171,100 @@ TEST_P(ConformancePartial, CopyToDeviceMakesAnIndependentExactCopy) {
   CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(*on_host));
   EXPECT_TRUE(BytesEqual(source.span(), actual));
   EXPECT_EQ(original->CopyToDevice(nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// CopyToDevice of a buffer still being filled returns at once with a copy that is not ready; the
+// copy arrives exact once the fill completes (also when the original is destroyed right after the
+// call, the copy being all the caller keeps), and fails with the fill's error when the fill is
+// abandoned. To another device of the backend and to the host backend's device.
+TEST_P(ConformancePartial, CopyToDeviceNeverWaitsForTheOriginal) {
+  std::unique_ptr<Client> two_devices;
+  if (backend().honours_num_devices_option) {
+    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
+  }
+  Client& owner = two_devices != nullptr ? *two_devices : client();
+  auto host = CreateClient("host");
+  ASSERT_TRUE(host.ok()) << host.status();
+  constexpr int64_t kCount = 300'000;  // 1.2 MB: above every inline-copy threshold
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, {kCount});
+  const int64_t half = kCount / 2 * 4;
+  enum class Then { kFilled, kFilledAfterTheOriginalIsGone, kAbandoned };
+  for (Device* target : {owner.devices().back(), (*host)->devices()[0]}) {
+    for (Then then : {Then::kFilled, Then::kFilledAfterTheOriginalIsGone, Then::kAbandoned}) {
+      SCOPED_TRACE(testing::Message()
+                   << "to " << target->name() << ", case " << static_cast<int>(then));
+      CT_ASSERT_OK_AND_ASSIGN(
+          std::unique_ptr<BufferWriter> writer,
+          owner.CreateBufferWriter(DType::kF32, {kCount}, owner.devices()[0], {}, "filled later"));
+      CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> original, writer->TakeBuffer());
+      CT_ASSERT_READY_OK(writer->Write(0, source.data(), half));
+
+      std::optional<StatusOr<std::unique_ptr<Buffer>>> copy;
+      test_support::CallOnItsOwnThread caller(
+          [&] { copy.emplace(original->CopyToDevice(target)); });
+      const bool returned_at_once = caller.ReturnedWithin(std::chrono::seconds(30));
+      EXPECT_TRUE(returned_at_once) << "CopyToDevice waited for the original's fill";
+      if (returned_at_once && copy->ok()) {
+        EXPECT_FALSE((**copy)->Ready().IsReady()) << "ready before the original was filled";
+        if (then == Then::kFilledAfterTheOriginalIsGone) original.reset();
+      }
+      if (then == Then::kAbandoned) {
+        writer->Abort(CancelledError("the producer gave up"));
+      } else {
+        CT_ASSERT_READY_OK(writer->Write(half, source.data() + half, source.size() - half));
+      }
+      caller.Join();
+      ASSERT_TRUE(copy->ok()) << copy->status();
+      Buffer& arrived = ***copy;
+      EXPECT_EQ(arrived.device(), target);
+      const std::optional<Status> ready = AwaitFor(arrived.Ready());
+      ASSERT_TRUE(ready.has_value()) << "the copy never completed";
+      if (then == Then::kAbandoned) {
+        // (A plugin's own copy between its devices reports its own code for the failed fill.)
+        EXPECT_FALSE(ready->ok()) << "a copy of a buffer never filled cannot be ready";
+        continue;
+      }
+      ASSERT_TRUE(ready->ok()) << *ready;
+      CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(arrived));
+      EXPECT_TRUE(BytesEqual(source.span(), actual));
+    }
+  }
+}
+
+// A ready original destroyed as soon as CopyToDevice returns: the copy still arrives exact, and
+// an original that aliases the caller's memory gives it back (on_done, which poisons it) only
+// after the copy has read it, exactly once.
+TEST_P(ConformancePartial, CopyToDeviceHoldsAReadyOriginalUntilItIsRead) {
+  std::unique_ptr<Client> two_devices;
+  if (backend().honours_num_devices_option) {
+    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
+  }
+  Client& owner = two_devices != nullptr ? *two_devices : client();
+  auto host = CreateClient("host");
+  ASSERT_TRUE(host.ok()) << host.status();
+  const Dims dims = {1024, 1024};  // 4 MiB: copied by the engines, after the call
+  for (Device* target : {owner.devices().back(), (*host)->devices()[0]}) {
+    SCOPED_TRACE(testing::Message() << "to " << target->name());
+    auto source = std::make_shared<HostBytes>(RandomDenseTensor(rng(), DType::kF32, dims));
+    const std::vector<std::byte> expected = source->ToVector();
+    auto record = std::make_shared<OnDoneRecord>();
+    CT_ASSERT_OK_AND_ASSIGN(
+        std::unique_ptr<Buffer> original,
+        owner.BufferFromHostBuffer(
+            HostView::Dense(source->data(), DType::kF32, dims), DType::kF32, owner.devices()[0],
+            HostBufferSemantics::kImmutableZeroCopy,
+            MakeRecordingOnDone(record, {.poison = source->span(), .keep_alive = source}),
+            "original"));
+    source.reset();  // the on_done callback owns the source memory now
+    record->CallReturned();
+    CT_ASSERT_READY_OK(original->Ready());
+    CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> copy, original->CopyToDevice(target));
+    original.reset();
+    CT_ASSERT_READY_OK(copy->Ready());
+    CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(*copy));
+    EXPECT_TRUE(BytesEqual(expected, actual)) << "the copy read the original after it was gone";
+    EXPECT_EQ(record->WaitForCalls(1), 1);
+  }
 }
 
 TEST_P(ConformancePartial, PartialReadsAndCopiesFailCleanlyOnceTheClientIsGone) {

@@ -11,6 +11,7 @@
 
 #include "conformance_suite.h"
 #include "ferry/device/buffer_writer.h"
+#include "tests/call_on_its_own_thread.h"
 
 namespace ferry::conformance {
 namespace {
@@ -187,24 +188,18 @@ TEST_P(ConformanceWriter, ReadsOfABufferStillBeingFilledReturnAtOnce) {
 
   std::vector<float> whole(kCount, -1.0f), part(kCount / 4, -1.0f);
   Future<> whole_read, part_read;
-  std::atomic<bool> returned{false};
-  std::thread caller([&] {
+  test_support::CallOnItsOwnThread caller([&] {
     whole_read = buffer->ToHost(MutableHostView::Dense(whole.data(), DType::kF32, {kCount}));
     part_read = buffer->CopyRawToHost(kCount * 3, kCount, part.data());
-    returned.store(true);
   });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!returned.load() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  const bool returned_at_once = returned.load();
+  const bool returned_at_once = caller.ReturnedWithin(std::chrono::seconds(30));
   EXPECT_TRUE(returned_at_once) << "ToHost or CopyRawToHost waited for the fill to finish";
   if (returned_at_once) {
     EXPECT_FALSE(whole_read.IsReady()) << "the fill has not finished: the read cannot have";
     EXPECT_FALSE(part_read.IsReady()) << "the fill has not finished: the read cannot have";
   }
   CT_ASSERT_READY_OK(writer->Write(kCount * 2, source.data() + kCount / 2, kCount * 2));
-  caller.join();
+  caller.Join();
   const std::optional<Status> whole_done = AwaitFor(whole_read);
   const std::optional<Status> part_done = AwaitFor(part_read);
   ASSERT_TRUE(whole_done.has_value()) << "the read did not finish after the fill did";

@@ -53,6 +53,8 @@ std::map<std::string, std::string> WriterTestsWithoutRowMajorLayouts() {
         "ReadsOfABufferStillBeingFilledReturnAtOnce"}) {
     skipped[std::string("ConformanceWriter.") + test] = reason;
   }
+  // Its original is a buffer still being filled: made by create-then-fill.
+  skipped["ConformancePartial.CopyToDeviceNeverWaitsForTheOriginal"] = reason;
   return skipped;
 }
 

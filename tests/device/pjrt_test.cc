@@ -27,6 +27,7 @@
 #if FERRY_HAVE_PJRT
 #include "pjrt_c_api.h"
 #include "src/device/pjrt/pjrt_client.h"
+#include "tests/call_on_its_own_thread.h"
 #include "tests/device/pjrt_patched_api.h"
 #include "tests/required_backends.h"
 #endif
@@ -408,16 +409,8 @@ TEST(PjrtTest, ADeviceCopyOfABufferStillBeingFilledReturnsAtOnce) {
     ASSERT_TRUE((*writer)->Write(0, source.data(), kCount * 2).Await().ok());
 
     std::optional<StatusOr<std::unique_ptr<Buffer>>> copy;
-    std::atomic<bool> returned{false};
-    std::thread caller([&] {
-      copy.emplace((*original)->CopyToDevice(to));
-      returned.store(true);
-    });
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!returned.load() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    const bool returned_at_once = returned.load();
+    test_support::CallOnItsOwnThread caller([&] { copy.emplace((*original)->CopyToDevice(to)); });
+    const bool returned_at_once = caller.ReturnedWithin(std::chrono::seconds(30));
     EXPECT_TRUE(returned_at_once) << "CopyToDevice waited for the fill to finish";
     if (returned_at_once && copy->ok()) {  // (the thread is joined before any ASSERT)
       EXPECT_FALSE((**copy)->Ready().IsReady())
@@ -429,7 +422,7 @@ TEST(PjrtTest, ADeviceCopyOfABufferStillBeingFilledReturnsAtOnce) {
       ASSERT_TRUE(
           (*writer)->Write(kCount * 2, source.data() + kCount / 2, kCount * 2).Await().ok());
     }
-    caller.join();
+    caller.Join();
     ASSERT_TRUE(copy.has_value() && copy->ok()) << (copy.has_value() ? copy->status() : Status());
     Buffer& arrived = ***copy;
     EXPECT_EQ(arrived.device(), to);

@@ -74,14 +74,30 @@ class Buffer {
   virtual Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst);
 
   // A copy of this buffer on `target` (the same device included): same dims and device dtype.
-  // The caller owns the result; its Ready() completes when the copy has arrived. Backends that
-  // copy between their devices do so (pjrt: PJRT_Buffer_CopyToDevice, which returns without
-  // waiting for a buffer still being filled: the plugin orders the copy after the fill, and a
-  // failed fill fails the copy's Ready()); the default goes through the host: it waits for
-  // Ready(), reads the buffer into a dense host tensor and puts that on `target` with
-  // kImmutableOnlyDuringCall (so it returns once the copy is on its way), on any backend's
-  // device. Errors as BufferFromHostBuffer and ToHost.
+  // The caller owns the result; its Ready() completes when the copy has arrived, or fails with
+  // the error of the original's fill or of the copy. Never waits on the calling thread: a buffer
+  // still being filled is copied once it is, and the original may be destroyed as soon as the
+  // call returns (the copy holds what it still has to read). Backends that copy between their
+  // devices do so (pjrt: PJRT_Buffer_CopyToDevice, ordered after the fill by the plugin, which
+  // waits for the fill only on a plugin that cannot fail an unfilled buffer: no SetBufferError);
+  // the default goes through the host, to any backend's device. An original that is ready and in
+  // host memory (the host backend, pjrt on a CPU plugin) is put on `target` from that memory with
+  // kImmutableUntilTransferCompletes, the target's own fastest put, which holds the memory until
+  // it has been read (HoldHostAccessibleMemory). Else a buffer created to be filled later on
+  // `target` (Client::CreateBufferWriter) takes the original's bytes once they are there: read
+  // straight into it where the host can write its memory (CopyRawToHost; one copy), else into a
+  // host tensor that is written on the background executor (src/core/background_executor.h). A
+  // target that cannot create such a buffer (a pjrt plugin without a transfer manager, or tiled
+  // layouts) takes the old way, which waits for the original's fill and read on the calling
+  // thread. Errors found before anything started (a null or unfit target, a client gone) are
+  // returned; later ones fail the copy's Ready().
   virtual StatusOr<std::unique_ptr<Buffer>> CopyToDevice(Device* target);
+
+ protected:
+  // For CopyToDevice's default: where HostAccessibleView() has the buffer's memory, an object
+  // that keeps that memory valid and unchanged while it is held, also after the buffer is
+  // destroyed. Null (the default) where the backend has none.
+  virtual std::shared_ptr<const void> HoldHostAccessibleMemory() const { return nullptr; }
 };
 
 // Checks shared by every backend before a ToHost starts: `dst` has the buffer's dims, is

@@ -121,8 +121,8 @@ Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
 // Buffer::CopyToDevice: the backend's own copy between its devices where it has one (pjrt: the
 // plugin's PJRT_Buffer_CopyToDevice, between devices of one plugin), else through host memory, on
 // any backend's device. The copy's Ready() also waits for the original's (and fails with its
-// error). May wait, on the calling thread, for the original's put to finish and, through the host,
-// for the read. InvalidArgument naming the tensor when `target` is null or cannot hold the device
+// error). Does not wait for the original's put or the copy (Buffer::CopyToDevice says where a
+// backend must). InvalidArgument naming the tensor when `target` is null or cannot hold the device
 // dtype (put the data again with TransferToDevice then, choosing a dtype), FailedPrecondition when
 // a client is gone. All or nothing, as TransferToDevice.
 StatusOr<std::vector<DataPtr>> CopyToDevice(absl::Span<const DataPtr> data, Device* target);

@@ -41,6 +41,10 @@ class HostBuffer final : public Buffer {
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
   StatusOr<HostView> HostAccessibleView() const override;
 
+ protected:
+  // The allocation (for an alias: the caller's memory, whose on_done waits for it).
+  std::shared_ptr<const void> HoldHostAccessibleMemory() const override { return allocation_; }
+
  private:
   // Runs `plan` (a copy out of this buffer's memory of `bytes`) once Ready() completes: inline
   // when small, else on the engine; the read holds the memory until it is over.

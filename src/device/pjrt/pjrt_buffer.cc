@@ -81,6 +81,15 @@ StatusOr<HostView> PjrtBuffer::HostAccessibleView() const {
   return HostView::Dense(parts_.host_address, parts_.device_dtype, parts_.dims);
 }
 
+std::shared_ptr<const void> PjrtBuffer::HoldHostAccessibleMemory() const {
+  if (parts_.host_address == nullptr) return nullptr;
+  struct Held {
+    std::shared_ptr<PjrtBufferHandle> handle;
+    std::shared_ptr<void> memory;
+  };
+  return std::make_shared<const Held>(Held{parts_.handle, parts_.memory_keepalive});
+}
+
 StatusOr<BufferAddress> PjrtBuffer::DataAddress() const {
   StatusOr<ClientLifetime::Token> token =
       ClientLifetime::Begin(lifetime_, fmt::format("DataAddress on {}", device_name_));

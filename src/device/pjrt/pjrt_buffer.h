@@ -121,6 +121,10 @@ class PjrtBuffer final : public Buffer {
   };
 
  private:
+  // Where the host addresses the memory (the direct path, an alias): the PJRT buffer and ferry's
+  // allocation behind it.
+  std::shared_ptr<const void> HoldHostAccessibleMemory() const override;
+
   class Read;
   // CopyRawToHost of a buffer whose Ready() has completed, from what a read holds.
   static Future<> CopyRawOnceReady(const ReadSource& source, int64_t offset_bytes,
