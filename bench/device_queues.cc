@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <vector>
@@ -60,8 +61,56 @@ Status ReadAll(const std::vector<DeviceWork*>& work, const std::vector<DataPtr>&
 }
 
 struct Timings {
-  std::vector<double> put_one, put_all, read_one, read_all;
+  std::vector<double> put_one, put_all, read_one, read_all, dense_serial, dense_queued;
 };
+
+// Reads queued on one device: kQueuedReads dense float32 reads of one buffer (no conversion: the
+// plugin's ToHostBuffer straight into each destination), one after the other (each waited for)
+// and all started at once, then waited for together.
+constexpr int kQueuedReads = 8;
+
+struct QueuedReads {
+  DataPtr handle;
+  std::vector<HostTensor> destinations;
+};
+
+StatusOr<QueuedReads> PrepareQueuedReads(const DeviceWork& first, int64_t bytes) {
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  const auto* values = static_cast<const float*>(first.source->view().data);
+  FERRY_ASSIGN_OR_RETURN(HostTensor source, HostTensor::Allocate(DType::kF32, {elements}));
+  std::memcpy(source.data(), values, static_cast<size_t>(elements * 4));
+  TransferToDeviceOptions options;
+  options.semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
+  FERRY_ASSIGN_OR_RETURN(
+      std::vector<DataPtr> put,
+      TransferToDevice({TensorSource::FromHostTensor(std::move(source), "dense")}, first.device,
+                       options));
+  FERRY_RETURN_IF_ERROR(AwaitReady(put));
+  QueuedReads reads{.handle = put.front(), .destinations = {}};
+  for (int i = 0; i < kQueuedReads; ++i) {
+    FERRY_ASSIGN_OR_RETURN(HostTensor destination, HostTensor::Allocate(DType::kF32, {elements}));
+    std::memset(destination.data(), 0, static_cast<size_t>(destination.size_bytes()));
+    reads.destinations.push_back(std::move(destination));
+  }
+  return reads;
+}
+
+Status TimeQueuedReads(QueuedReads& reads, Timings& timings) {
+  Clock::time_point start = Clock::now();
+  for (HostTensor& destination : reads.destinations) {
+    FERRY_RETURN_IF_ERROR(
+        TransferFromDeviceInto({reads.handle}, {destination.mutable_view()}).Await());
+  }
+  timings.dense_serial.push_back(SecondsSince(start));
+  start = Clock::now();
+  std::vector<Future<>> started;
+  for (HostTensor& destination : reads.destinations) {
+    started.push_back(TransferFromDeviceInto({reads.handle}, {destination.mutable_view()}));
+  }
+  FERRY_RETURN_IF_ERROR(JoinFutures(started).Await());
+  timings.dense_queued.push_back(SecondsSince(start));
+  return OkStatus();
+}
 
 // Puts on each device of `group` and reads them back, appending each phase's time.
 Status TimeGroup(const std::vector<DeviceWork*>& group, std::vector<double>& put_times,
@@ -114,12 +163,17 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
     return 1;
   }
   StatusOr<std::vector<DeviceWork>> work = PrepareWork(**client, options);
+  StatusOr<QueuedReads> queued =
+      work.ok() ? PrepareQueuedReads(work->front(), options.bytes_per_device / kQueuedReads)
+                : StatusOr<QueuedReads>(work.status());
   // An untimed first run makes the staging chunks and threads.
   Timings warm_up;
-  Status status = work.ok() ? TimeOnce(*work, warm_up) : work.status();
+  Status status = queued.ok() ? TimeOnce(*work, warm_up) : queued.status();
+  if (status.ok()) status = TimeQueuedReads(*queued, warm_up);
   Timings timings;
   for (int repeat = 0; status.ok() && repeat < options.repeats; ++repeat) {
     status = TimeOnce(*work, timings);
+    if (status.ok()) status = TimeQueuedReads(*queued, timings);
   }
   if (!status.ok()) {
     std::fprintf(stderr, "device queues: %s\n", status.ToString().c_str());
@@ -154,6 +208,18 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
                                  {"read_one_seconds_median", read_one},
                                  {"read_all_seconds_median", read_all},
                                  {"read_scaling", read_scaling}};
+  const double dense_serial = Median(timings.dense_serial);
+  const double dense_queued = Median(timings.dense_queued);
+  fmt::print(
+      "dense reads on one device, {} of {:.0f} MiB float32: one after the other {:.1f} ms, all "
+      "queued at once {:.1f} ms ({:.2f}x)\n",
+      kQueuedReads, mib / kQueuedReads, dense_serial * 1e3, dense_queued * 1e3,
+      dense_serial / dense_queued);
+  json["dense_reads_queued"] = kQueuedReads;
+  json["dense_read_bytes"] = options.bytes_per_device / kQueuedReads;
+  json["dense_serial_seconds_median"] = dense_serial;
+  json["dense_queued_seconds_median"] = dense_queued;
+  json["dense_queued_speedup"] = dense_serial / dense_queued;
   fmt::print("{}\n", json.dump());
   if (!options.json_path.empty()) std::ofstream(options.json_path) << json.dump(2) << "\n";
   return 0;

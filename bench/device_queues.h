@@ -7,7 +7,9 @@
 // host-to-device staging ring (CreateBuffersForAsyncHostToDevice + TransferData per chunk), and a
 // read converting back to float32 through its device-to-host ring (CopyRawToHost per chunk). The
 // puts are asynchronous (kImmutableUntilTransferCompletes), all started from one thread, as a
-// sharded put starts them; the reads are one TransferFromDeviceInto over every handle.
+// sharded put starts them; the reads are one TransferFromDeviceInto over every handle. Then reads
+// queued on one device: eight dense float32 reads (the plugin's ToHostBuffer, which the staging
+// worker starts and the plugin's event finishes) started at once, against one after the other.
 #pragma once
 
 #include <string>

@@ -83,9 +83,11 @@ class PjrtBuffer final : public Buffer {
   Future<> Ready() const override { return parts_.ready; }
   // After Ready(): where the host can address the device memory, one pass of the fused
   // copy-convert into `dst` (on the transfer engine when large); else the plugin's ToHostBuffer
-  // straight into `dst` when it is dense in the device dtype, or partial reads
-  // (PJRT_Buffer_CopyRawToHost) into staging chunks, each converted into `dst`. Completes on the
-  // thread that finished the last piece (an engine worker or a plugin thread).
+  // straight into `dst` when it is dense in the device dtype (started on the device's
+  // device-to-host staging worker, finished by the plugin's event), or partial reads
+  // (PJRT_Buffer_CopyRawToHost) into staging chunks, each converted into `dst` on that worker.
+  // Completes on the thread that finished the last piece (an engine worker, the staging worker
+  // or a plugin thread).
   Future<> ToHost(const MutableHostView& dst) override;
   // A read-only view of the device memory where the host can address it (CPU plugins).
   StatusOr<HostView> HostAccessibleView() const override;
@@ -98,7 +100,8 @@ class PjrtBuffer final : public Buffer {
   // The PJRT_Buffer.
   StatusOr<NativeBufferHandle> NativeHandle() const override;
   // From the device memory where the host addresses it; else the plugin's partial read
-  // (PJRT_Buffer_CopyRawToHost, waited for on the device's device-to-host staging worker). Never
+  // (PJRT_Buffer_CopyRawToHost, started on the device's device-to-host staging worker and
+  // finished by the plugin's event, on the plugin's thread). Never
   // waits for Ready() on the calling thread: a read of a buffer whose put is still running starts
   // on that worker once the put has finished.
   Future<> CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, void* dst) override;
