@@ -14,7 +14,25 @@
 namespace ferry::conformance {
 namespace {
 
-class ConformancePartial : public ConformanceTest {};
+class ConformancePartial : public ConformanceTest {
+ protected:
+  // Where the copy tests copy to: the backend's last device (of a client made with two devices
+  // where the backend honours that) and the host backend's device, a copy through the host.
+  struct CopyTargets {
+    std::unique_ptr<Client> two_devices;
+    std::unique_ptr<Client> host;
+    Client* owner = nullptr;  // the client the originals are put on
+    std::vector<Device*> targets;
+  };
+  void MakeCopyTargets(CopyTargets& made) {
+    if (backend().honours_num_devices_option) {
+      CT_ASSERT_OK_AND_ASSIGN(made.two_devices, MakeClient(ClientOptions{.num_devices = 2}));
+    }
+    made.owner = made.two_devices != nullptr ? made.two_devices.get() : &client();
+    CT_ASSERT_OK_AND_ASSIGN(made.host, CreateClient("host"));
+    made.targets = {made.owner->devices().back(), made.host->devices()[0]};
+  }
+};
 
 // Random byte ranges of a buffer (empty, whole, unaligned, the last byte) read back exactly the
 // bytes a whole read gives, and nothing outside the range is written.
@@ -178,18 +196,14 @@ TEST_P(ConformancePartial, CopyToDeviceMakesAnIndependentExactCopy) {
 // call, the copy being all the caller keeps), and fails with the fill's error when the fill is
 // abandoned. To another device of the backend and to the host backend's device.
 TEST_P(ConformancePartial, CopyToDeviceNeverWaitsForTheOriginal) {
-  std::unique_ptr<Client> two_devices;
-  if (backend().honours_num_devices_option) {
-    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
-  }
-  Client& owner = two_devices != nullptr ? *two_devices : client();
-  auto host = CreateClient("host");
-  ASSERT_TRUE(host.ok()) << host.status();
+  CopyTargets copy_to;
+  ASSERT_NO_FATAL_FAILURE(MakeCopyTargets(copy_to));
+  Client& owner = *copy_to.owner;
   constexpr int64_t kCount = 300'000;  // 1.2 MB: above every inline-copy threshold
   HostBytes source = RandomDenseTensor(rng(), DType::kF32, {kCount});
   const int64_t half = kCount / 2 * 4;
   enum class Then { kFilled, kFilledAfterTheOriginalIsGone, kAbandoned };
-  for (Device* target : {owner.devices().back(), (*host)->devices()[0]}) {
+  for (Device* target : copy_to.targets) {
     for (Then then : {Then::kFilled, Then::kFilledAfterTheOriginalIsGone, Then::kAbandoned}) {
       SCOPED_TRACE(testing::Message()
                    << "to " << target->name() << ", case " << static_cast<int>(then));
@@ -235,15 +249,11 @@ TEST_P(ConformancePartial, CopyToDeviceNeverWaitsForTheOriginal) {
 // an original that aliases the caller's memory gives it back (on_done, which poisons it) only
 // after the copy has read it, exactly once.
 TEST_P(ConformancePartial, CopyToDeviceHoldsAReadyOriginalUntilItIsRead) {
-  std::unique_ptr<Client> two_devices;
-  if (backend().honours_num_devices_option) {
-    CT_ASSERT_OK_AND_ASSIGN(two_devices, MakeClient(ClientOptions{.num_devices = 2}));
-  }
-  Client& owner = two_devices != nullptr ? *two_devices : client();
-  auto host = CreateClient("host");
-  ASSERT_TRUE(host.ok()) << host.status();
+  CopyTargets copy_to;
+  ASSERT_NO_FATAL_FAILURE(MakeCopyTargets(copy_to));
+  Client& owner = *copy_to.owner;
   const Dims dims = {1024, 1024};  // 4 MiB: copied by the engines, after the call
-  for (Device* target : {owner.devices().back(), (*host)->devices()[0]}) {
+  for (Device* target : copy_to.targets) {
     SCOPED_TRACE(testing::Message() << "to " << target->name());
     auto source = std::make_shared<HostBytes>(RandomDenseTensor(rng(), DType::kF32, dims));
     const std::vector<std::byte> expected = source->ToVector();

@@ -239,8 +239,12 @@ Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_b
   Status queued = source.device->RunOnStagingWorker(
       StagingDirection::kDeviceToHost, [handle = parts.handle, read = std::move(read), done,
                                         token = std::move(token)](Status start) mutable {
-        // The buffer is let go of before the read is reported done.
-        OnLanded finish = [handle, done, token = std::move(token)](Status status) mutable {
+        // `finish` holds the buffer's only reference here, and lets go of it before the read is
+        // reported done (also when the event runs it inline, inside `read`, which touches the
+        // buffer no more after the plugin has the read).
+        const PjrtBufferHandle* buffer = handle.get();
+        OnLanded finish = [handle = std::move(handle), done,
+                           token = std::move(token)](Status status) mutable {
           handle.reset();
           done.Set(std::move(status));
           token.Release();
@@ -249,8 +253,7 @@ Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_b
           std::move(finish)(std::move(start));
           return;
         }
-        std::move(read)(*handle, std::move(finish));
-        handle.reset();
+        std::move(read)(*buffer, std::move(finish));
       });
   if (!queued.ok()) return Future<>::Ready(std::move(queued));
   return done.future();
