@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <optional>
 #include <utility>
 
@@ -20,9 +19,6 @@ namespace ferry::pjrt {
 namespace {
 
 constexpr int64_t kInlineReadBytes = int64_t{256} << 10;
-// Partial reads in flight at once (fewer than the staging ring's chunks, so that a read never
-// waits for a chunk that only a later landing would return).
-constexpr int kReadWindow = 2;
 
 int64_t DenseBytes(const PjrtBufferParts& parts) {
   return SaturatedProduct(SaturatedNumElements(parts.dims), DTypeSize(parts.device_dtype));
@@ -403,30 +399,21 @@ Status ReadThroughDenseTemporary(const PjrtBuffer::ReadSource& source, const Mut
   return OkStatus();
 }
 
-// Partial reads (CopyRawToHost) into the device's device-to-host staging ring, each chunk
-// converted into `dst` on this thread once its event has been awaited, with up to kReadWindow
-// reads in flight. Waits for every chunk.
-Status ReadInStagedChunks(const PjrtBuffer::ReadSource& source, const MutableHostView& dst) {
+// Partial reads (CopyRawToHost) into the device's device-to-host staging ring, started here (the
+// device's staging worker) chunk by chunk; each chunk is converted into `dst` where its event
+// completes (the plugin's thread: CPU work that never waits, so a landing never needs this
+// worker, which may be waiting in the ring for the chunk that landing returns). `finished` runs
+// once every chunk has landed, with the first error. Returns once every chunk is handed to the
+// plugin, with the error that stopped handing them out (`finished` still runs).
+Status StartStagedChunkReads(const PjrtBuffer::ReadSource& source, const MutableHostView& dst,
+                             absl::AnyInvocable<void(Status) &&> finished) {
   PjrtBufferHandle& handle = *source.parts.handle;
   const PJRT_Api& api = handle.runtime().api();
-  const DType device_dtype = source.parts.device_dtype;
-  struct PendingRead {
-    PJRT_Event* event;
-    ChunkDone landed;
-  };
-  std::deque<PendingRead> pending;
   const std::string raw_what = fmt::format("CopyRawToHost from {}", source.device_name);
-  auto land_oldest = [&] {
-    PendingRead oldest = std::move(pending.front());
-    pending.pop_front();
-    std::move(oldest.landed)(AwaitEvent(api, oldest.event, raw_what));
-  };
-  Promise<> pieces;
-  auto counter = std::make_shared<PieceCounter>([pieces](Status status) { pieces.Set(status); });
+  auto counter = std::make_shared<PieceCounter>(std::move(finished));
   Status started = StagedRead(
-      source.device->staging(StagingDirection::kDeviceToHost), device_dtype, dst,
+      source.device->staging(StagingDirection::kDeviceToHost), source.parts.device_dtype, dst,
       [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
-        while (static_cast<int>(pending.size()) >= kReadWindow) land_oldest();
         auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
         args.buffer = handle.get();
         args.dst = chunk.host;
@@ -434,13 +421,12 @@ Status ReadInStagedChunks(const PjrtBuffer::ReadSource& source, const MutableHos
         args.transfer_size = piece.size_bytes;
         FERRY_RETURN_IF_ERROR(
             handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), raw_what));
-        pending.push_back({args.event, std::move(landed)});
+        OnEventReady(api, args.event, std::move(landed), raw_what);
         return OkStatus();
       },
       counter);
-  while (!pending.empty()) land_oldest();
-  counter->Done(std::move(started));
-  return pieces.future().Await();
+  counter->Done(started);
+  return started;
 }
 
 }  // namespace
@@ -478,8 +464,9 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
 
   // Every read through the plugin starts on the device's device-to-host staging worker: one
   // stream of reads per device, in order. A dense read in the device dtype is then finished by the
-  // plugin's event, and the worker goes on to the next read; a read converted on the host waits
-  // on the worker for its bytes (the conversion needs a thread). The plugins here write a read's
+  // plugin's event, a read converted on the host by its chunks' events (each chunk converted
+  // where it lands), and the worker goes on to the next read; only a whole read through a dense
+  // temporary (no partial reads) waits on the worker for its bytes. The plugins here write a read's
   // bytes before they run its event's callbacks (0 of 3,200 partial and 0 of 3,600 other reads
   // otherwise, 2026-12-05; tests/plugin holds it): continuations may take the bytes.
   if (!on_worker) {
@@ -509,7 +496,11 @@ Status PjrtBuffer::StartRead(const std::shared_ptr<Read>& read, bool on_worker) 
     read->Finish(ReadThroughDenseTemporary(source, dst, !platform.row_major_layouts));
     return OkStatus();
   }
-  read->Finish(ReadInStagedChunks(source, dst));
+  // The chunks' events finish the read; the worker goes on once every chunk is handed out.
+  StartStagedChunkReads(source, dst, [read = std::shared_ptr<Read>(read)](Status status) mutable {
+    read->Finish(std::move(status));
+    read.reset();
+  }).IgnoreError();  // (the error also reaches `finished`)
   return OkStatus();
 }
 

@@ -85,7 +85,8 @@ class PjrtBuffer final : public Buffer {
   // copy-convert into `dst` (on the transfer engine when large); else the plugin's ToHostBuffer
   // straight into `dst` when it is dense in the device dtype (started on the device's
   // device-to-host staging worker, finished by the plugin's event), or partial reads
-  // (PJRT_Buffer_CopyRawToHost) into staging chunks, each converted into `dst` on that worker.
+  // (PJRT_Buffer_CopyRawToHost) into staging chunks, started on that worker, each converted
+  // into `dst` where its event completes (a plugin thread).
   // Completes on the thread that finished the last piece (an engine worker, the staging worker
   // or a plugin thread).
   Future<> ToHost(const MutableHostView& dst) override;
