@@ -123,37 +123,38 @@ bool CompleteWithoutError(const PJRT_Api& api, PJRT_Event* event) {
   return TakeError(api, api.PJRT_Event_Error(&error)).ok();
 }
 
-// ferry's read of `source` (held by an external reference, which this takes over) into
-// args->dst. It never waits for the buffer: a ready buffer is copied during the call; one still
-// being computed or filled (an Execute's output that torch_xla reads at once) is copied once the
-// plugin completes it (CopyOnceReady), and the call returns at once. args->event is ferry's own
-// event (plugin_events.h) for the copy.
-PJRT_Error* StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
-                          PJRT_Buffer_ToHostBuffer_Args* args) {
+// ferry's read of `source` (held by an external reference, which this takes over) into `dst`:
+// the copy's future, an error, or nullopt where the plugin should read after all. It never waits
+// for the buffer: a ready buffer is copied during the call; one still being computed or filled
+// (an Execute's output that torch_xla reads at once) is copied once the plugin completes it
+// (CopyOnceReady), and the call returns at once. `copy_in_call` false: a ready buffer is copied
+// after the call too (for a thread that must not wait for the workers).
+std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
+                                                PJRT_Buffer* buffer, void* dst, size_t dst_size,
+                                                bool copy_in_call) {
   const PJRT_Api& api = plugin.wrapped();
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
-  if (args->dst_size < static_cast<size_t>(size_bytes)) {
-    ReleaseHold(api, args->src);
+  if (dst_size < static_cast<size_t>(size_bytes)) {
+    ReleaseHold(api, buffer);
     CountTransferPath(TransferPath::kRefused);
-    return MakeError(InvalidArgumentError(
-        fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
-                    args->dst_size, size_bytes)));
+    return InvalidArgumentError(fmt::format(
+        "ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes", dst_size, size_bytes));
   }
   StatusOr<CopyConvertPlan> plan =
-      CopyConvertPlan::Create(src, MutableHostView::Dense(args->dst, source.dtype, source.dims));
+      CopyConvertPlan::Create(src, MutableHostView::Dense(dst, source.dtype, source.dims));
   if (!plan.ok()) {
-    ReleaseHold(api, args->src);
-    return MakeError(plan.status());
+    ReleaseHold(api, buffer);
+    return plan.status();
   }
   auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = args->src;
+  ready.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) {
-    ReleaseHold(api, args->src);
-    return ByPlugin(api, args);
+    ReleaseHold(api, buffer);
+    return std::nullopt;
   }
   CountTransferPath(TransferPath::kReadByFerry);
-  if (CompleteWithoutError(api, ready.event)) {
+  if (copy_in_call && CompleteWithoutError(api, ready.event)) {
     // A ready buffer (the usual read): copied during the call on every core, as the plugin
     // would. Measured with torch_xla's `.cpu()`, a copy left to run after the call returns is
     // slower here, its workers competing with the caller's own threads for the two cores.
@@ -163,21 +164,80 @@ PJRT_Error* StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
             ? StatusOr<Future<>>(Future<>::Ready(OkStatus()))
             : WriteThroughEngine(plugin.engine(), *std::move(plan),
                                  HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, nullptr);
-    ReleaseHold(api, args->src);
-    if (!copied.ok()) return MakeError(copied.status());
-    args->event = MakeEvent(*std::move(copied));
-    return nullptr;
+    ReleaseHold(api, buffer);
+    return copied;
   }
   // A buffer still being computed or filled: the read starts when the plugin completes it.
   Promise<> copied;
-  args->event = MakeEvent(copied.future());
   pjrt::OnEventReady(
       api, ready.event,
-      [plugin = &plugin, buffer = args->src, plan = *std::move(plan), size_bytes,
+      [plugin = &plugin, buffer, plan = *std::move(plan), size_bytes,
        copied](Status status) mutable {
         CopyOnceReady(plugin, buffer, std::move(plan), size_bytes, copied, std::move(status));
       },
       "the buffer to read");
+  return StatusOr<Future<>>(copied.future());
+}
+
+// The read of args->src into args->dst with no host layout (or the buffer's own row-major one),
+// by ferry where it can read the buffer, else by the plugin: its future. For a read that waited
+// for a put's fulfilment; runs on the fulfilment thread, which it never holds up with the copy.
+Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args) {
+  const PJRT_Api& api = plugin.wrapped();
+  args.host_layout = nullptr;  // the row-major layout ferry gave the buffer when it made it
+  if (std::optional<ReadableBuffer> source = Readable(plugin, args.src); source.has_value()) {
+    std::optional<StatusOr<Future<>>> started =
+        StartHeldRead(plugin, *source, args.src, args.dst, args.dst_size, /*copy_in_call=*/false);
+    if (started.has_value()) {
+      return started->ok() ? **started : Future<>::Ready(started->status());
+    }
+  }
+  CountTransferPath(TransferPath::kReadByPlugin);
+  if (Status called = TakeError(api, api.PJRT_Buffer_ToHostBuffer(&args)); !called.ok()) {
+    return Future<>::Ready(std::move(called));
+  }
+  Promise<> read;
+  pjrt::OnEventReady(
+      api, args.event, [read](Status status) { read.Set(std::move(status)); }, "ToHostBuffer");
+  return read.future();
+}
+
+// A read of a buffer that ferry's put returned before writing it (`fulfilled`: its fulfilment):
+// planned and checked now, started once the plugin has the buffer fulfilled, and the call
+// returns at once with ferry's event. Nullopt, with nothing done, where it cannot be planned now
+// (a host layout other than the buffer's own row-major one, an element type ferry does not know):
+// the caller then reads as for any buffer.
+std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future<>& fulfilled,
+                                             PJRT_Buffer_ToHostBuffer_Args* args) {
+  const PJRT_Api& api = plugin.wrapped();
+  auto type = FERRY_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+  type.buffer = args->src;
+  auto dims = FERRY_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+  dims.buffer = args->src;
+  if (!TakeError(api, api.PJRT_Buffer_ElementType(&type)).ok() ||
+      !TakeError(api, api.PJRT_Buffer_Dimensions(&dims)).ok()) {
+    return std::nullopt;
+  }
+  const std::optional<DType> dtype = FromPjrtType(type.type);
+  if (!dtype.has_value() || (args->host_layout != nullptr &&
+                             !pjrt::IsRowMajorUntiled(*args->host_layout, dims.num_dims))) {
+    return std::nullopt;
+  }
+  const int64_t size_bytes =
+      HostView::Dense(nullptr, *dtype, Dims(dims.dims, dims.dims + dims.num_dims))
+          .dense_size_bytes();
+  if (args->dst_size < static_cast<size_t>(size_bytes)) {
+    CountTransferPath(TransferPath::kRefused);
+    return MakeError(InvalidArgumentError(
+        fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
+                    args->dst_size, size_bytes)));
+  }
+  Promise<> read;
+  args->event = MakeEvent(read.future());
+  fulfilled.OnReady(
+      plugin.fulfilments(), [plugin = &plugin, later = *args, read](const Status&) mutable {
+        ReadNow(*plugin, later).OnReady([read](const Status& status) { read.Set(status); });
+      });
   return nullptr;
 }
 
@@ -190,6 +250,11 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& api = (*plugin)->wrapped();
   if (args->dst == nullptr) return ByPlugin(api, args);
+  if (std::optional<Future<>> pending = (*plugin)->PendingPut(args->src); pending.has_value()) {
+    if (std::optional<PJRT_Error*> deferred = ReadOnceFulfilled(**plugin, *pending, args)) {
+      return *deferred;
+    }
+  }
   std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
   if (!source.has_value()) return ByPlugin(api, args);
   // A host layout asked for is honoured here only when it is the buffer's own (row-major,
@@ -199,7 +264,12 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     ReleaseHold(api, args->src);
     return ByPlugin(api, args);
   }
-  return StartHeldRead(**plugin, *source, args);
+  std::optional<StatusOr<Future<>>> started =
+      StartHeldRead(**plugin, *source, args->src, args->dst, args->dst_size, /*copy_in_call=*/true);
+  if (!started.has_value()) return ByPlugin(api, args);
+  if (!started->ok()) return MakeError(started->status());
+  args->event = MakeEvent(**std::move(started));
+  return nullptr;
 }
 
 }  // namespace ferry::plugin

@@ -12,11 +12,11 @@
 // is ferry's own (plugin_events.h): a ready buffer is copied on the transfer engine's workers
 // during the call; a buffer still being computed or filled (an Execute's output, a transfer
 // manager's buffer) is never waited for: the call returns at once and the copy starts when the
-// plugin completes the buffer; a failed buffer's error is the event's. One wait remains: a buffer
-// that ferry's own put returned before writing it (host_to_device.h) has no memory until ferry
-// has written it, and the plugin's external reference waits for that write (ferry's workers, at
-// most the time of that copy; nothing the caller does can hold it up). Another host layout goes
-// to the plugin.
+// plugin completes the buffer; a failed buffer's error is the event's. A buffer that ferry's own
+// put returned before writing it (host_to_device.h) has no memory until ferry has written it and
+// the plugin has it fulfilled: its read is checked during the call (the destination's size) and
+// started on the fulfilment thread once that is done (WrappedPlugin::PendingPut), so the call
+// does not wait for the write either. Another host layout goes to the plugin.
 //
 // Threading: any thread; the caller waits for the engine's workers during a copy in the call.
 #pragma once

@@ -276,14 +276,20 @@ StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHo
     DestroyBuffer(api, pending->buffer);
     return written.status();
   }
+  // Reads of the buffer before its fulfilment start after it, off the caller's thread.
+  Promise<> fulfilled;
+  const uint64_t pending_id = plugin.AddPendingPut(pending->buffer, fulfilled.future());
   written->OnReady(
-      plugin.fulfilments(),
-      [&api, pending = *pending, destination = std::move(destination)](const Status& status) {
-        // The workers' writes happen before whatever reads the memory once the plugin has made
-        // the buffer ready (ferry's reads take it back: device_to_host.cc).
+      plugin.fulfilments(), [&api, plugin = &plugin, pending = *pending, pending_id, fulfilled,
+                             destination = std::move(destination)](const Status& status) {
+        // The workers' writes happen before whatever reads the memory once the
+        // plugin has made the buffer ready (ferry's reads take it back:
+        // device_to_host.cc).
         HandOffToPlugin(destination.allocation->mutable_data());
         Fulfil(api, destination.client, pending,
                status.ok() ? ViewOf(api, destination) : StatusOr<PJRT_Buffer*>(status));
+        plugin->RemovePendingPut(pending.buffer, pending_id);
+        fulfilled.Set(OkStatus());
       });
   args.buffer = pending->buffer;
   args.done_with_host_buffer = MakeEvent(*std::move(written));

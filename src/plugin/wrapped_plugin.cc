@@ -133,6 +133,26 @@ bool WrappedPlugin::MayAlias() const {
          !alias_refused_.load(std::memory_order_relaxed);
 }
 
+uint64_t WrappedPlugin::AddPendingPut(PJRT_Buffer* buffer, Future<> fulfilled) {
+  MutexLock lock(pending_mutex_);
+  const uint64_t id = ++next_pending_id_;
+  pending_puts_.insert_or_assign(buffer, PendingPutEntry{id, std::move(fulfilled)});
+  return id;
+}
+
+void WrappedPlugin::RemovePendingPut(PJRT_Buffer* buffer, uint64_t id) {
+  MutexLock lock(pending_mutex_);
+  auto entry = pending_puts_.find(buffer);
+  if (entry != pending_puts_.end() && entry->second.id == id) pending_puts_.erase(entry);
+}
+
+std::optional<Future<>> WrappedPlugin::PendingPut(PJRT_Buffer* buffer) const {
+  MutexLock lock(pending_mutex_);
+  auto entry = pending_puts_.find(buffer);
+  if (entry == pending_puts_.end()) return std::nullopt;
+  return entry->second.fulfilled;
+}
+
 bool WrappedPlugin::HostAddressable(PJRT_Client* client) {
   {
     MutexLock lock(mutex_);

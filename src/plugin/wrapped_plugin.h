@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -88,6 +89,17 @@ class WrappedPlugin {
   bool MayAlias() const;
   void AliasRefused() { alias_refused_.store(true, std::memory_order_relaxed); }
 
+  // The buffers ferry's puts returned before writing them (host_to_device.h), until the plugin
+  // has them fulfilled: AddPendingPut when the put returns one, with a future that completes
+  // after its fulfilment (with or without an error), RemovePendingPut (its id) just before that
+  // future completes. PendingPut gives the future of a buffer still pending, so that a read of it
+  // waits for nothing on the caller's thread (device_to_host.h). A buffer destroyed while pending
+  // stays until its fulfilment; another buffer the plugin makes at its address meanwhile is read
+  // once that fulfilment is done: late, never wrong.
+  uint64_t AddPendingPut(PJRT_Buffer* buffer, Future<> fulfilled);
+  void RemovePendingPut(PJRT_Buffer* buffer, uint64_t id);
+  std::optional<Future<>> PendingPut(PJRT_Buffer* buffer) const;
+
   // True when buffers of `client` are host memory that ferry may write and read itself: the
   // platform is "cpu" and the wrapped plugin has PJRT_Client_CreateViewOfDeviceBuffer and
   // PJRT_Buffer_OpaqueDeviceMemoryDataPointer. Asked once per client.
@@ -107,6 +119,13 @@ class WrappedPlugin {
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends
   // only on the plugin, so a stale entry is still right.
   absl::flat_hash_map<PJRT_Client*, bool> host_addressable_ ABSL_GUARDED_BY(mutex_);
+  struct PendingPutEntry {
+    uint64_t id;
+    Future<> fulfilled;
+  };
+  mutable Mutex pending_mutex_;
+  uint64_t next_pending_id_ ABSL_GUARDED_BY(pending_mutex_) = 0;
+  absl::flat_hash_map<PJRT_Buffer*, PendingPutEntry> pending_puts_ ABSL_GUARDED_BY(pending_mutex_);
 };
 
 // The table ferry hands out when the wrapped plugin cannot be loaded: every entry returns an
