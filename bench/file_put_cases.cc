@@ -67,7 +67,7 @@ Status SyncFile(const std::string& path) {
 
 // One load: open (map and validate), prefetch, every tensor put in its own dtype, wait; the file
 // is unmapped before Run returns (the copy semantics have read every source by then).
-class FilePutPath final : public Path {
+class FilePutPath final : public DeviceHandlesPath {
  public:
   FilePutPath(std::string path, Device* device) : path_(std::move(path)), device_(device) {}
 
@@ -84,15 +84,10 @@ class FilePutPath final : public Path {
     FERRY_ASSIGN_OR_RETURN(handles_, TransferToDevice(sources, device_, options));
     return AwaitReady(handles_);
   }
-  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
-    return TransferFromDevice(handles_, {.in_device_dtype = true});
-  }
-  void Release() override { handles_.clear(); }
 
  private:
   const std::string path_;
   Device* const device_;
-  std::vector<DataPtr> handles_;
 };
 
 std::string FormatRatio(const Json& ratio) {

@@ -17,7 +17,7 @@
 namespace ferry::bench {
 namespace {
 
-class H2DFerryPath : public Path {
+class H2DFerryPath : public DeviceHandlesPath {
  public:
   H2DFerryPath(std::vector<std::shared_ptr<const TensorSource>> sources, Device* device,
                TransferToDeviceOptions options)
@@ -27,19 +27,14 @@ class H2DFerryPath : public Path {
     FERRY_ASSIGN_OR_RETURN(handles_, TransferToDevice(sources_, device_, options_));
     return AwaitReady(handles_);
   }
-  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
-    return TransferFromDevice(handles_, {.in_device_dtype = true});
-  }
-  void Release() override { handles_.clear(); }
 
  private:
   const std::vector<std::shared_ptr<const TensorSource>> sources_;
   Device* const device_;
   const TransferToDeviceOptions options_;
-  std::vector<DataPtr> handles_;
 };
 
-class H2DStagedPath : public Path {
+class H2DStagedPath : public DeviceHandlesPath {
  public:
   H2DStagedPath(std::vector<std::shared_ptr<const TensorSource>> sources, Device* device,
                 std::vector<DType> device_dtypes)
@@ -63,16 +58,11 @@ class H2DStagedPath : public Path {
     FERRY_ASSIGN_OR_RETURN(handles_, TransferToDevice(staged, device_, options));
     return AwaitReady(handles_);  // `staged` frees the temporaries on the way out
   }
-  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
-    return TransferFromDevice(handles_, {.in_device_dtype = true});
-  }
-  void Release() override { handles_.clear(); }
 
  private:
   const std::vector<std::shared_ptr<const TensorSource>> sources_;
   Device* const device_;
   const std::vector<DType> device_dtypes_;
-  std::vector<DataPtr> handles_;
 };
 
 class D2HFerryPath : public Path {
@@ -143,15 +133,15 @@ class D2HStagedPath : public Path {
 
 // A copy of device data onto another device (CopyToDevice), waited for: ferry's way, and the way
 // Buffer::CopyToDevice went before it returned at once (read into host memory, put from there).
-class D2DPath : public Path {
+class D2DPath : public DeviceHandlesPath {
  public:
   D2DPath(std::vector<DataPtr> data, Device* target, bool through_host_and_wait)
       : data_(std::move(data)), target_(target), through_host_and_wait_(through_host_and_wait) {}
 
   Status Run() override {
     if (!through_host_and_wait_) {
-      FERRY_ASSIGN_OR_RETURN(copies_, CopyToDevice(data_, target_));
-      return AwaitReady(copies_);
+      FERRY_ASSIGN_OR_RETURN(handles_, CopyToDevice(data_, target_));
+      return AwaitReady(handles_);
     }
     FERRY_RETURN_IF_ERROR(AwaitReady(data_));
     FERRY_ASSIGN_OR_RETURN(std::vector<HostTensor> staged,
@@ -162,19 +152,14 @@ class D2DPath : public Path {
     }
     TransferToDeviceOptions options;
     options.semantics = HostBufferSemantics::kImmutableOnlyDuringCall;
-    FERRY_ASSIGN_OR_RETURN(copies_, TransferToDevice(sources, target_, options));
-    return AwaitReady(copies_);
+    FERRY_ASSIGN_OR_RETURN(handles_, TransferToDevice(sources, target_, options));
+    return AwaitReady(handles_);
   }
-  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
-    return TransferFromDevice(copies_, {.in_device_dtype = true});
-  }
-  void Release() override { copies_.clear(); }
 
  private:
   const std::vector<DataPtr> data_;
   Device* const target_;
   const bool through_host_and_wait_;
-  std::vector<DataPtr> copies_;
 };
 
 TransferToDeviceOptions BenchOptions() {
@@ -204,7 +189,7 @@ class ShardedH2DFerryPath : public Path {
   ShardedDataPtr sharded_;
 };
 
-class ShardedH2DStagedPath : public Path {
+class ShardedH2DStagedPath : public DeviceHandlesPath {
  public:
   ShardedH2DStagedPath(std::shared_ptr<const TensorSource> source, Sharding sharding)
       : source_(std::move(source)), sharding_(std::move(sharding)) {}
@@ -228,15 +213,10 @@ class ShardedH2DStagedPath : public Path {
     }
     return AwaitReady(handles_);
   }
-  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
-    return TransferFromDevice(handles_, {.in_device_dtype = true});
-  }
-  void Release() override { handles_.clear(); }
 
  private:
   const std::shared_ptr<const TensorSource> source_;
   const Sharding sharding_;
-  std::vector<DataPtr> handles_;
 };
 
 class AssembleShardsPath : public Path {

@@ -40,6 +40,19 @@ class Path {
   virtual void Release() = 0;
 };
 
+// A path whose results are device handles (`handles_`, set by Run): read back in the device dtype
+// for the correctness check, freed by Release.
+class DeviceHandlesPath : public Path {
+ public:
+  StatusOr<std::vector<HostTensor>> TakeResultsOnHost() override {
+    return TransferFromDevice(handles_, {.in_device_dtype = true});
+  }
+  void Release() override { handles_.clear(); }
+
+ protected:
+  std::vector<DataPtr> handles_;
+};
+
 // TransferToDevice(sources, device, options) then AwaitReady.
 std::unique_ptr<Path> MakeH2DFerryPath(std::vector<std::shared_ptr<const TensorSource>> sources,
                                        Device* device, TransferToDeviceOptions options);
