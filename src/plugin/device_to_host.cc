@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_view.h"
@@ -30,6 +31,28 @@ void ReleaseHold(const PJRT_Api& api, PJRT_Buffer* buffer) {
   TakeError(api, api.PJRT_Buffer_DecreaseExternalReferenceCount(&release)).IgnoreError();
 }
 
+// The buffer's element type and dims, where ferry knows the type; nullopt else.
+std::optional<std::pair<DType, Dims>> KnownTypeAndDims(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  auto type = FERRY_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+  type.buffer = buffer;
+  if (!TakeError(api, api.PJRT_Buffer_ElementType(&type)).ok()) return std::nullopt;
+  const std::optional<DType> dtype = FromPjrtType(type.type);
+  if (!dtype.has_value()) return std::nullopt;
+  auto dims = FERRY_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+  dims.buffer = buffer;
+  if (!TakeError(api, api.PJRT_Buffer_Dimensions(&dims)).ok()) return std::nullopt;
+  return std::make_pair(*dtype, Dims(dims.dims, dims.dims + dims.num_dims));
+}
+
+// A destination of `dst_size` bytes holds a buffer of `size_bytes`; else InvalidArgument,
+// counted as refused.
+Status CheckDestinationSize(size_t dst_size, int64_t size_bytes) {
+  if (dst_size >= static_cast<size_t>(size_bytes)) return OkStatus();
+  CountTransferPath(TransferPath::kRefused);
+  return InvalidArgumentError(fmt::format(
+      "ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes", dst_size, size_bytes));
+}
+
 // The buffer's memory when ferry may read it itself, with an external reference held on it (the
 // caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read.
 std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer* buffer) {
@@ -50,18 +73,12 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
   if (!TakeError(api, api.PJRT_Buffer_IsOnCpu(&on_cpu)).ok() || !on_cpu.is_on_cpu) {
     return std::nullopt;
   }
-  auto type = FERRY_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
-  type.buffer = buffer;
-  if (!TakeError(api, api.PJRT_Buffer_ElementType(&type)).ok()) return std::nullopt;
-  std::optional<DType> dtype = FromPjrtType(type.type);
-  if (!dtype.has_value()) return std::nullopt;
-  auto dims = FERRY_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
-  dims.buffer = buffer;
-  if (!TakeError(api, api.PJRT_Buffer_Dimensions(&dims)).ok()) return std::nullopt;
+  std::optional<std::pair<DType, Dims>> shape = KnownTypeAndDims(api, buffer);
+  if (!shape.has_value()) return std::nullopt;
   auto layout = FERRY_PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
   layout.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_GetMemoryLayout(&layout)).ok() ||
-      !pjrt::IsRowMajorUntiled(layout.layout, dims.num_dims)) {
+      !pjrt::IsRowMajorUntiled(layout.layout, shape->second.size())) {
     return std::nullopt;
   }
   // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
@@ -80,8 +97,8 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
   // Written by ferry's workers after a put that returned before them (host_to_device.cc), and
   // ordered before this read by the plugin's events, which TSan cannot see.
   TakeBackFromPlugin(pointer.device_memory_ptr);
-  return ReadableBuffer{static_cast<const std::byte*>(pointer.device_memory_ptr), *dtype,
-                        Dims(dims.dims, dims.dims + dims.num_dims)};
+  return ReadableBuffer{static_cast<const std::byte*>(pointer.device_memory_ptr), shape->first,
+                        std::move(shape->second)};
 }
 
 PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
@@ -135,11 +152,9 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
   const PJRT_Api& api = plugin.wrapped();
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
-  if (dst_size < static_cast<size_t>(size_bytes)) {
+  if (Status fits = CheckDestinationSize(dst_size, size_bytes); !fits.ok()) {
     ReleaseHold(api, buffer);
-    CountTransferPath(TransferPath::kRefused);
-    return InvalidArgumentError(fmt::format(
-        "ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes", dst_size, size_bytes));
+    return fits;
   }
   StatusOr<CopyConvertPlan> plan =
       CopyConvertPlan::Create(src, MutableHostView::Dense(dst, source.dtype, source.dims));
@@ -192,8 +207,7 @@ Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args) {
       return started->ok() ? **started : Future<>::Ready(started->status());
     }
   }
-  CountTransferPath(TransferPath::kReadByPlugin);
-  if (Status called = TakeError(api, api.PJRT_Buffer_ToHostBuffer(&args)); !called.ok()) {
+  if (Status called = TakeError(api, ByPlugin(api, &args)); !called.ok()) {
     return Future<>::Ready(std::move(called));
   }
   Promise<> read;
@@ -209,28 +223,15 @@ Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args) {
 // the caller then reads as for any buffer.
 std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future<>& fulfilled,
                                              PJRT_Buffer_ToHostBuffer_Args* args) {
-  const PJRT_Api& api = plugin.wrapped();
-  auto type = FERRY_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
-  type.buffer = args->src;
-  auto dims = FERRY_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
-  dims.buffer = args->src;
-  if (!TakeError(api, api.PJRT_Buffer_ElementType(&type)).ok() ||
-      !TakeError(api, api.PJRT_Buffer_Dimensions(&dims)).ok()) {
-    return std::nullopt;
-  }
-  const std::optional<DType> dtype = FromPjrtType(type.type);
-  if (!dtype.has_value() || (args->host_layout != nullptr &&
-                             !pjrt::IsRowMajorUntiled(*args->host_layout, dims.num_dims))) {
+  std::optional<std::pair<DType, Dims>> shape = KnownTypeAndDims(plugin.wrapped(), args->src);
+  if (!shape.has_value() || (args->host_layout != nullptr &&
+                             !pjrt::IsRowMajorUntiled(*args->host_layout, shape->second.size()))) {
     return std::nullopt;
   }
   const int64_t size_bytes =
-      HostView::Dense(nullptr, *dtype, Dims(dims.dims, dims.dims + dims.num_dims))
-          .dense_size_bytes();
-  if (args->dst_size < static_cast<size_t>(size_bytes)) {
-    CountTransferPath(TransferPath::kRefused);
-    return MakeError(InvalidArgumentError(
-        fmt::format("ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes",
-                    args->dst_size, size_bytes)));
+      HostView::Dense(nullptr, shape->first, shape->second).dense_size_bytes();
+  if (Status fits = CheckDestinationSize(args->dst_size, size_bytes); !fits.ok()) {
+    return MakeError(fits);
   }
   Promise<> read;
   args->event = MakeEvent(read.future());

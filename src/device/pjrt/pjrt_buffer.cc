@@ -62,6 +62,23 @@ void StartDenseReadThroughPlugin(const PjrtBufferHandle& handle, size_t rank, vo
   OnEventReady(api, args.event, std::move(landed), std::move(what));
 }
 
+// Starts a partial read, `size_bytes` of the buffer's dense bytes from `offset_bytes`, into
+// `dst` (PJRT_Buffer_CopyRawToHost); `landed` is taken, and follows. An error when the plugin
+// refuses the read, and then `landed` is left to the caller, not called.
+Status StartRawReadThroughPlugin(const PjrtBufferHandle& handle, int64_t offset_bytes,
+                                 int64_t size_bytes, void* dst, const std::string& what,
+                                 OnLanded& landed) {
+  const PJRT_Api& api = handle.runtime().api();
+  auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
+  args.buffer = handle.get();
+  args.dst = dst;
+  args.offset = offset_bytes;
+  args.transfer_size = size_bytes;
+  FERRY_RETURN_IF_ERROR(handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what));
+  OnEventReady(api, args.event, std::move(landed), what);
+  return OkStatus();
+}
+
 // The same, waited for on this thread (for a read converted here once it has landed).
 Status ReadDenseThroughPlugin(const PjrtBufferHandle& handle, size_t rank, void* dst,
                               int64_t size_bytes, bool ask_row_major, std::string_view what) {
@@ -200,20 +217,12 @@ Future<> PjrtBuffer::CopyRawOnceReady(const ReadSource& source, int64_t offset_b
   std::string what = fmt::format("CopyRawToHost from {}", source.device_name);
   absl::AnyInvocable<void(const PjrtBufferHandle&, OnLanded) &&> read;
   if (platform.reads_at_byte_offsets()) {
-    read = [offset_bytes, size_bytes, dst, what](const PjrtBufferHandle& handle,
-                                                 OnLanded landed) mutable {
-      const PJRT_Api& api = handle.runtime().api();
-      auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-      args.buffer = handle.get();
-      args.dst = dst;
-      args.offset = offset_bytes;
-      args.transfer_size = size_bytes;
-      if (Status called = handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), what);
-          !called.ok()) {
-        std::move(landed)(std::move(called));
-        return;
+    read = [offset_bytes, size_bytes, dst, what](const PjrtBufferHandle& handle, OnLanded landed) {
+      if (Status started =
+              StartRawReadThroughPlugin(handle, offset_bytes, size_bytes, dst, what, landed);
+          !started.ok()) {
+        std::move(landed)(std::move(started));
       }
-      OnEventReady(api, args.event, std::move(landed), std::move(what));
     };
   } else {
     // No partial read at byte offsets (the plugin lacks it, or its layout is not the dense
@@ -408,21 +417,13 @@ Status ReadThroughDenseTemporary(const PjrtBuffer::ReadSource& source, const Mut
 Status StartStagedChunkReads(const PjrtBuffer::ReadSource& source, const MutableHostView& dst,
                              absl::AnyInvocable<void(Status) &&> finished) {
   PjrtBufferHandle& handle = *source.parts.handle;
-  const PJRT_Api& api = handle.runtime().api();
   const std::string raw_what = fmt::format("CopyRawToHost from {}", source.device_name);
   auto counter = std::make_shared<PieceCounter>(std::move(finished));
   Status started = StagedRead(
       source.device->staging(StagingDirection::kDeviceToHost), source.parts.device_dtype, dst,
       [&](const StagingChunk& chunk, const StagedPiece& piece, ChunkDone landed) -> Status {
-        auto args = FERRY_PJRT_ARGS(PJRT_Buffer_CopyRawToHost_Args);
-        args.buffer = handle.get();
-        args.dst = chunk.host;
-        args.offset = piece.offset_bytes;
-        args.transfer_size = piece.size_bytes;
-        FERRY_RETURN_IF_ERROR(
-            handle.runtime().Check(api.PJRT_Buffer_CopyRawToHost(&args), raw_what));
-        OnEventReady(api, args.event, std::move(landed), raw_what);
-        return OkStatus();
+        return StartRawReadThroughPlugin(handle, piece.offset_bytes, piece.size_bytes, chunk.host,
+                                         raw_what, landed);
       },
       counter);
   counter->Done(started);
