@@ -188,8 +188,8 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
   const double put_scaling = n * put_one / put_all;
   const double read_scaling = n * read_one / read_all;
   fmt::print(
-      "device queues: {} {:.0f} MiB float32 per device, stored as bfloat16 (staged), medians "
-      "of {}\n",
+      "device queues: {} {:.0f} MiB float32 per device, stored as bfloat16 (staged),\n"
+      "medians of {}\n",
       options.backend, mib, options.repeats);
   fmt::print("{:<28}{:>14}{:>18}{:>12}\n", "transfer", "one device", fmt::format("{} at once", n),
              "scaling");
@@ -211,8 +211,8 @@ int RunDeviceQueues(const DeviceQueuesOptions& options) {
   const double dense_serial = Median(timings.dense_serial);
   const double dense_queued = Median(timings.dense_queued);
   fmt::print(
-      "dense reads on one device, {} of {:.0f} MiB float32: one after the other {:.1f} ms, all "
-      "queued at once {:.1f} ms ({:.2f}x)\n",
+      "dense reads on one device, {} of {:.0f} MiB float32:\n"
+      "  one after the other {:.1f} ms, all queued at once {:.1f} ms ({:.2f}x)\n",
       kQueuedReads, mib / kQueuedReads, dense_serial * 1e3, dense_queued * 1e3,
       dense_serial / dense_queued);
   json["dense_reads_queued"] = kQueuedReads;
