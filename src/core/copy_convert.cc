@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ferry/core/prefault.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/core/byte_swap.h"
@@ -42,6 +43,7 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
   plan.dst_dtype_ = dst.dtype;
   plan.kernel_ = kernel;
   plan.num_elements_ = src.num_elements();
+  plan.dst_dense_ = dst.IsRowMajorDense();
   if (!src.IsNativeByteOrder()) plan.swap_unit_ = ByteSwapUnit(src.dtype);
 
   // Drop size-1 dims (their strides never matter), then merge each dim into its inner neighbour
@@ -108,6 +110,10 @@ StatusOr<CopyConvertPlan> CopyConvertPlan::Create(const HostView& src, const Mut
 
 void CopyConvertPlan::CopyElements(int64_t begin, int64_t end) const {
   if (begin >= end) return;
+  if (dst_dense_) {
+    const int64_t element_size = DTypeSize(dst_dtype_);
+    PrefaultForWriting(dst_ + begin * element_size, (end - begin) * element_size);
+  }
   // Exact whatever the calling thread's mode (a plugin's thread may flush denormals).
   const internal::ScopedExactDenormals exact_denormals;
   const size_t rank = dims_.size();

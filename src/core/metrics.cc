@@ -282,6 +282,7 @@ FERRY_DEFINE_COUNTER(ZeroCopyFallbacks)
 FERRY_DEFINE_COUNTER(ReplicaDeviceCopies)
 FERRY_DEFINE_COUNTER(StagingBytes)
 FERRY_DEFINE_COUNTER(FileBytesReadInPlace)
+FERRY_DEFINE_COUNTER(HostBytesPrefaulted)
 
 #define FERRY_DEFINE_GAUGE(Name, unit)                             \
   Gauge* Name() {                                                  \

@@ -44,6 +44,7 @@ constexpr std::string_view kPath = "a path or a Python package name";
 constexpr std::string_view kPathList = "a ':'-separated list of folders";
 constexpr std::string_view kLibrary = "a shared library's name or path";
 constexpr std::string_view kHugePagesChoice = "auto, on or off";
+constexpr std::string_view kOnOff = "on or off";
 constexpr std::string_view kThreadCount = "a thread count (an integer from 1 to 1024)";
 constexpr std::string_view kReadSize = "a read size (an integer from 4096 to 1073741824 bytes)";
 constexpr int64_t kDefaultLoadWindowBytes = int64_t{256} << 20;
@@ -74,6 +75,13 @@ constexpr SettingInfo kSettings[] = {
     {"FERRY_HOST_MEMORY_LIMIT", SettingScope::kClient, kByteCount, "none",
      "ClientOptions::capabilities (memory_limit_bytes)",
      "Each host device's memory limit in bytes (a transfer beyond it is ResourceExhausted)."},
+    {"FERRY_HOST_PREFAULT", SettingScope::kProcess, kOnOff, "on", "",
+     "Whether ferry's large writes into host-addressed memory (the transfer engine's copies into "
+     "a dense destination, a load's reads into device memory) first fault in, with "
+     "MADV_POPULATE_WRITE (Linux 5.14 on), each MiB of the destination that holds pages not yet "
+     "resident: one system call instead of a page fault per 4 KiB page. A copy into fresh memory "
+     "gets faster (a load into fresh memory about 1.2-1.4x here); memory written before is only "
+     "checked (mincore). The metric HostBytesPrefaulted counts the bytes faulted in. off: never."},
     {"FERRY_LOAD_READ_BYTES", SettingScope::kProcess, kReadSize, "8388608 (8 MiB)", "",
      "The size of each read a load makes from a file straight into device memory (`ferry put`, "
      "`load_file(path, device)` on host devices: pread); a large tensor is read in pieces of "
@@ -173,6 +181,12 @@ StatusOr<settings::HugePagesSetting> ParseHugePages(std::string_view name, std::
   return BadValue(name, text, kHugePagesChoice);
 }
 
+StatusOr<bool> ParseOnOff(std::string_view name, std::string_view text) {
+  if (text == "on") return true;
+  if (text == "off") return false;
+  return BadValue(name, text, kOnOff);
+}
+
 StatusOr<ConvertKernelLevel> ParseKernelLevel(std::string_view name, std::string_view text) {
   StatusOr<ConvertKernelLevel> level = ConvertKernelLevelFromName(text);
   if (!level.ok()) return BadValue(name, text, kKernelLevel);
@@ -191,6 +205,7 @@ Status Validate(std::string_view name, std::string_view text) {
   if (name == "FERRY_DISTRIBUTED_TIMEOUT_S") return ParseSeconds(name, text).status();
   if (name == "FERRY_CONVERT_KERNELS") return ParseKernelLevel(name, text).status();
   if (name == "FERRY_HOST_HUGE_PAGES") return ParseHugePages(name, text).status();
+  if (name == "FERRY_HOST_PREFAULT") return ParseOnOff(name, text).status();
   return OkStatus();
 }
 
@@ -332,6 +347,13 @@ StatusOr<HugePagesSetting> HostHugePages() {
   const SettingValue value = ValueOf(kName);
   if (!value.text.has_value()) return HugePagesSetting::kAuto;
   return ParseHugePages(kName, *value.text);
+}
+
+StatusOr<bool> HostPrefault() {
+  constexpr std::string_view kName = "FERRY_HOST_PREFAULT";
+  const SettingValue value = ValueOf(kName);
+  if (!value.text.has_value()) return true;
+  return ParseOnOff(kName, *value.text);
 }
 
 StatusOr<std::optional<int64_t>> HostMemoryLimit() {

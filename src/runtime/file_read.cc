@@ -9,6 +9,7 @@
 
 #include "ferry/core/metrics.h"
 #include "ferry/core/mutex.h"
+#include "ferry/core/prefault.h"
 #include "ferry/device/buffer_writer.h"
 #include "ferry/device/client.h"
 #include "ferry/runtime/dtype_policy.h"
@@ -48,6 +49,9 @@ Status ReadPieces(absl::Span<const InPlaceTensor> tensors, absl::Span<const Read
     for (size_t i = next.fetch_add(1); i < pieces.size() && !failed.load(); i = next.fetch_add(1)) {
       const ReadPiece& piece = pieces[i];
       const InPlaceTensor& tensor = tensors[piece.tensor];
+      // Fresh device memory (a load's usual destination) is faulted in with one call per MiB
+      // rather than a fault per page inside pread.
+      PrefaultForWriting(tensor.destination + piece.offset, piece.size);
       const Status read = tensor.read->file->ReadAt(tensor.read->file_offset + piece.offset,
                                                     piece.size, tensor.destination + piece.offset);
       if (!read.ok()) {

@@ -49,6 +49,10 @@ expect_output "says how the host device count is set" "host has 1 device(s); .*F
   "$work/err"
 check "devices lists host:0" 0 "$ferry" devices
 expect_output "devices table" "host:0" "$work/out"
+expect_output "devices says how fresh host pages are faulted in" "fresh pages" "$work/out"
+check "devices with FERRY_HOST_PREFAULT=off" 0 env FERRY_HOST_PREFAULT=off "$ferry" devices
+expect_output "devices says prefaulting is off and why" "(FERRY_HOST_PREFAULT=off)" "$work/out"
+check "a bad FERRY_HOST_PREFAULT is bad input" 1 env FERRY_HOST_PREFAULT=maybe "$ferry" devices
 
 for format in safetensors npz npy; do
   check "sample $format" 0 "$ferry" sample "$work/s.$format" --size 3MiB

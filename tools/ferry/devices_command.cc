@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "ferry/core/host_tensor.h"
+#include "ferry/core/prefault.h"
 #include "ferry/device/registry.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -67,10 +68,12 @@ CommandRunner AddDevicesCommand(CLI::App& app) {
       }
     }
     // Where transfers land in host memory (host devices, staging, the CPU plugins' views): whether
-    // ferry asks for huge pages there, from the kernel's settings (ferry/core/host_tensor.h).
-    out += "\n" +
-           HangingParagraph(
-               "host memory: ", fmt::format("huge pages {}", HostHugePagePolicy().reason), width);
+    // ferry asks for huge pages there, from the kernel's settings (ferry/core/host_tensor.h), and
+    // whether it faults fresh pages in ahead (ferry/core/prefault.h).
+    out += "\n" + HangingParagraph("host memory: ",
+                                   fmt::format("huge pages {}; {}", HostHugePagePolicy().reason,
+                                               PrefaultDescription()),
+                                   width);
     fmt::print("{}", out);
     if (!requested_plugin_failed.ok()) {
       fmt::print(stderr, "ferry devices: --pjrt-plugin {}: {}\n",

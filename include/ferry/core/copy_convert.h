@@ -43,7 +43,9 @@ class CopyConvertPlan {
   DType dst_dtype() const { return dst_dtype_; }
 
   // Copies the elements whose row-major indices lie in [begin, end). Thread-safe for
-  // disjoint ranges. Requires 0 <= begin <= end <= num_elements().
+  // disjoint ranges. Requires 0 <= begin <= end <= num_elements(). When the destination is
+  // row-major dense, the range's destination bytes not yet resident in memory are first faulted
+  // in (PrefaultForWriting: nothing for a range under 256 KiB or memory written before).
   void CopyElements(int64_t begin, int64_t end) const;
   void CopyAll() const { CopyElements(0, num_elements_); }
 
@@ -76,6 +78,9 @@ class CopyConvertPlan {
   bool is_contiguous_ = false;
   int64_t tile_rows_ = 1;  // > 1: rows are copied in tiles of this many (see CopyTile)
   int64_t swap_unit_ = 1;  // > 1: the source is byte-swapped in units of this many bytes
+  // The destination is row-major dense: elements [begin, end) write exactly the bytes from
+  // dst_ + begin * element size to dst_ + end * element size.
+  bool dst_dense_ = false;
   // Destination lines go out with non-temporal stores where a same-dtype vector path writes whole
   // ones: the destination is at least kStreamMinBytes (convert_simd.h) in all.
   bool stream_ = false;

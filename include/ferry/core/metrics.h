@@ -124,6 +124,7 @@ Counter* ZeroCopyFallbacks();        // kImmutableZeroCopy requests that had to 
 Counter* StagingBytes();             // bytes that went through a staging buffer
 Counter* ReplicaDeviceCopies();      // sharded replicas copied device to device, not uploaded again
 Counter* FileBytesReadInPlace();     // file bytes read straight into device memory (file_read.h)
+Counter* HostBytesPrefaulted();      // host bytes faulted in ahead of ferry's writes (prefault.h)
 Gauge* HostMemoryCacheBytes();       // bytes of freed host memory the cache holds for reuse
 Gauge* HostMemoryCacheLimitBytes();  // the most it may hold (FERRY_HOST_MEMORY_CACHE_BYTES)
 // Freed device memory kept for reuse by the backends that cache it (opencl: each device's cache,

@@ -97,6 +97,9 @@ StatusOr<int> HostDevices();
 // FERRY_HOST_HUGE_PAGES: whether ferry's large host allocations ask for transparent huge pages.
 enum class HugePagesSetting { kAuto, kOn, kOff };
 StatusOr<HugePagesSetting> HostHugePages();
+// FERRY_HOST_PREFAULT: whether large writes into host memory fault their pages in first
+// (prefault.h).
+StatusOr<bool> HostPrefault();
 // FERRY_HOST_MEMORY_LIMIT: each host device's memory limit in bytes; nullopt: none.
 StatusOr<std::optional<int64_t>> HostMemoryLimit();
 // FERRY_LOAD_READ_BYTES: the size of each read a load makes into device memory (pread).
