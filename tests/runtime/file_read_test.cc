@@ -7,9 +7,13 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "ferry/core/host_tensor.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/prefault.h"
+#include "ferry/core/settings.h"
 #include "ferry/device/client.h"
 #include "ferry/device/registry.h"
 #include "ferry/io/tensor_writer.h"
@@ -138,6 +142,52 @@ TEST_F(FileReadTest, DeviceMemoryTheHostCannotWriteTakesNothing) {
   auto read = ReadFileTensors(Reads(), device, 2);
   ASSERT_TRUE(read.ok()) << read.status();
   for (const DataPtr& data : *read) EXPECT_EQ(data, nullptr);
+}
+
+// A load's usual destination is device memory nobody has written yet: its pages are faulted in
+// ahead of the preads (PrefaultForWriting), a MiB per call, and the bytes read are the file's.
+TEST(FileReadPrefaultTest, AFreshDestinationIsFaultedInAheadOfItsReads) {
+  if (!KernelCanPrefault()) {
+    GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14 and later have it)";
+  }
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ferry_file_prefault_" + std::to_string(getpid()) + ".safetensors"))
+                               .string();
+  // 40 MiB: above glibc's largest mmap threshold (32 MiB), so the device memory is a fresh
+  // mapping whatever the allocator did before.
+  std::vector<float> values(10 << 20);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 65521) - 9.25f;
+  const NamedTensor tensors[] = {
+      {"weights", HostView::Dense(values.data(), DType::kF32, {10 << 10, 1 << 10})}};
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto file = TensorFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto client = CreateClient("host");
+  ASSERT_TRUE(client.ok()) << client.status();
+  Device* device = (*client)->devices()[0];
+  const std::vector<FileTensorRead> reads = {
+      FileTensorRead::Of(*file->Find("weights"), file->file().get(), std::nullopt)};
+
+  for (const char* prefault : {"on", "off"}) {
+    ASSERT_TRUE(SetSetting("FERRY_HOST_PREFAULT", prefault).ok());
+    ReleaseCachedHostMemory();  // no warm block of this size to reuse
+    const int64_t counted_before = metrics::HostBytesPrefaulted()->Value();
+    auto read = ReadFileTensors(reads, device, 2, int64_t{8} << 20);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ASSERT_NE((*read)[0], nullptr);
+    const int64_t prefaulted = metrics::HostBytesPrefaulted()->Value() - counted_before;
+    if (std::string_view(prefault) == "on") {
+      // All of it but at most a partial page at each end of each 8 MiB read.
+      EXPECT_GE(prefaulted, (int64_t{40} << 20) - 10 * 4096) << "FERRY_HOST_PREFAULT=on";
+    } else {
+      EXPECT_EQ(prefaulted, 0) << "FERRY_HOST_PREFAULT=off";
+    }
+    auto host = TransferFromDevice({(*read)[0]});
+    ASSERT_TRUE(host.ok()) << host.status();
+    EXPECT_EQ(std::memcmp((*host)[0].data(), values.data(), values.size() * 4), 0) << prefault;
+  }
+  ASSERT_TRUE(ClearSetting("FERRY_HOST_PREFAULT").ok());
+  std::remove(path.c_str());
 }
 
 }  // namespace
