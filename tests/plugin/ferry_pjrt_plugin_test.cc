@@ -499,6 +499,17 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_put_not_yet_written_returns_at_once) {
   bool returned_before_the_write = false;
   int tries_pending_before = 0;  // tries whose put was not yet written when the read was called
   for (int attempt = 0; attempt < 5 && !returned_before_the_write; ++attempt) {
+    // Two puts of the same size queued first: ferry's engine writes puts in order, so the one
+    // read below starts only after them, which keeps it pending through the read call even on
+    // a busy machine where this thread may wait for a core (a single write of fresh pages
+    // faulted in ahead takes only about 10 ms).
+    std::vector<PJRT_Client_BufferFromHostBuffer_Args> ahead;
+    for (int i = 0; i < 2; ++i) {
+      ahead.push_back(client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed));
+      ahead.back().host_buffer_semantics =
+          PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+      ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&ahead.back())), "");
+    }
     auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
     put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
     ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
@@ -538,6 +549,12 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_put_not_yet_written_returns_at_once) {
       EXPECT_EQ(pjrt::AwaitEvent(ferry(), pending.done_with_host_buffer, "done").ToString(), "OK");
       auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
       destroy.buffer = pending.buffer;
+      EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+    }
+    for (PJRT_Client_BufferFromHostBuffer_Args& earlier : ahead) {
+      EXPECT_EQ(pjrt::AwaitEvent(ferry(), earlier.done_with_host_buffer, "done").ToString(), "OK");
+      auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+      destroy.buffer = earlier.buffer;
       EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
     }
     auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
