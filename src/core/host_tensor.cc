@@ -17,6 +17,7 @@
 #include "src/core/fork_locks.h"
 #include "src/core/freed_memory_cache.h"
 #include "src/core/host_memory_cache.h"
+#include "src/core/settings_cached.h"
 
 namespace ferry {
 
@@ -68,15 +69,11 @@ constexpr uint64_t kRefuseHugePages = 2;
 // it was made at: an allocation neither reads the setting nor formats the policy's reason unless
 // SetSetting or ClearSetting ran since.
 uint64_t HugePageAdvice() {
-  static std::atomic<uint64_t> cached{~uint64_t{0}};  // generation << 2 | advice bits
-  const uint64_t generation = SettingsGeneration();
-  const uint64_t value = cached.load(std::memory_order_acquire);
-  if (value >> 2 == generation) return value & 3;
-  const HugePagePolicy policy = HostHugePagePolicy();
-  const uint64_t advice =
-      (policy.advise ? kAdviseHugePages : 0) | (policy.refuse ? kRefuseHugePages : 0);
-  cached.store(generation << 2 | advice, std::memory_order_release);
-  return advice;
+  static internal::SettingsCachedBits<2> cached;
+  return cached.Get([] {
+    const HugePagePolicy policy = HostHugePagePolicy();
+    return (policy.advise ? kAdviseHugePages : 0) | (policy.refuse ? kRefuseHugePages : 0);
+  });
 }
 
 std::byte* AllocateFromSystem(int64_t size_bytes) {

@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "ferry/core/metrics.h"
 #include "ferry/core/settings.h"
+#include "src/core/settings_cached.h"
 
 // Linux 5.14's value; older C libraries do not name it.
 #ifndef MADV_POPULATE_WRITE
@@ -38,14 +38,11 @@ int64_t PageSize() {
 // FERRY_HOST_PREFAULT, kept with the SettingsGeneration() it was read at: a call reads the setting
 // again only after SetSetting or ClearSetting ran.
 bool PrefaultOn() {
-  static std::atomic<uint64_t> cached{~uint64_t{0}};  // generation << 1 | on
-  const uint64_t generation = SettingsGeneration();
-  const uint64_t value = cached.load(std::memory_order_acquire);
-  if (value >> 1 == generation) return (value & 1) != 0;
-  const StatusOr<bool> setting = settings::HostPrefault();
-  const bool on = !setting.ok() || *setting;  // a bad value counts as the default (on)
-  cached.store(generation << 1 | (on ? 1 : 0), std::memory_order_release);
-  return on;
+  static internal::SettingsCachedBits<1> cached;
+  return cached.Get([] {
+    const StatusOr<bool> setting = settings::HostPrefault();
+    return uint64_t{!setting.ok() || *setting};  // a bad value counts as the default (on)
+  }) != 0;
 }
 
 // Faults in each kFaultBytes window of [begin, begin + size) (page-aligned, at most kCheckBytes)

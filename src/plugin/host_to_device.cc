@@ -282,9 +282,8 @@ StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHo
   written->OnReady(
       plugin.fulfilments(), [&api, plugin = &plugin, pending = *pending, pending_id, fulfilled,
                              destination = std::move(destination)](const Status& status) {
-        // The workers' writes happen before whatever reads the memory once the
-        // plugin has made the buffer ready (ferry's reads take it back:
-        // device_to_host.cc).
+        // The workers' writes happen before whatever reads the memory once the plugin has
+        // made the buffer ready (ferry's reads take it back: device_to_host.cc).
         HandOffToPlugin(destination.allocation->mutable_data());
         Fulfil(api, destination.client, pending,
                status.ok() ? ViewOf(api, destination) : StatusOr<PJRT_Buffer*>(status));
