@@ -23,6 +23,9 @@ own can do on this machine:
                    touch of every fresh page; cold: buffered reads, that many in flight)
   direct_floor     cold only: the same with O_DIRECT, 32 reads of 1 MiB in flight (the disk's
                    rate without the page cache)
+  prefault_floor   read_floor with each read's fresh pages faulted in first, one
+                   madvise(MADV_POPULATE_WRITE) a read (Linux 5.14), as ferry's loads do: the
+                   bytes into fresh memory without a page fault per 4 KiB inside pread
 
 Loaders are interleaved (round r runs each loader once, in a rotated order) so that a change of
 the machine's load falls on all of them. `warm`: the file in the page cache (one untimed run of
@@ -43,6 +46,7 @@ Prints the table on stderr and, with --json PATH (- for stdout), {"results": [..
 import argparse
 import ctypes
 import ctypes.util
+import errno
 import json
 import mmap
 import os
@@ -55,9 +59,10 @@ from bench_json import write_document
 import time
 
 LOADERS = ["ferry", "ferry_put", "safetensors", "fastsafetensors", "tensorizer", "runai",
-           "read_floor", "direct_floor"]
+           "read_floor", "direct_floor", "prefault_floor"]
 PEERS = ["fastsafetensors", "tensorizer", "runai"]  # the done-when's peers (issue 24)
-FLOORS = ["read_floor", "direct_floor"]  # yardsticks: bytes into fresh memory, nothing else
+# Yardsticks: bytes into fresh memory, nothing else.
+FLOORS = ["read_floor", "direct_floor", "prefault_floor"]
 FILES = ["sample_1g", "mixed_2g", "many_20k"]
 
 
@@ -107,9 +112,13 @@ def load_runai(path):
         return dict(streamer.get_tensors())
 
 
-def read_into_fresh_memory(path, direct, threads, read_bytes):
+MADV_POPULATE_WRITE = 23  # Linux 5.14; older kernels refuse it (EINVAL) and nothing is faulted
+
+
+def read_into_fresh_memory(path, direct, threads, read_bytes, prefault=False):
     """Every byte of `path` into one fresh anonymous mapping (page-aligned, as O_DIRECT needs),
-    `threads` preads of `read_bytes` in flight; returns the mapping as one uint8 tensor."""
+    `threads` preads of `read_bytes` in flight, each read's pages faulted in first with
+    `prefault`; returns the mapping as one uint8 tensor."""
     import mmap as mmap_module
     from concurrent.futures import ThreadPoolExecutor
 
@@ -121,10 +130,16 @@ def read_into_fresh_memory(path, direct, threads, read_bytes):
     memory = mmap_module.mmap(-1, (size + page - 1) // page * page or page,
                               flags=mmap_module.MAP_PRIVATE | mmap_module.MAP_ANONYMOUS)
     view = memoryview(memory)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     try:
         def read(offset):
             end = min(offset + read_bytes, len(view))
+            if prefault:  # read_bytes is a multiple of the page size: offset is page-aligned
+                if libc.madvise(ctypes.c_void_p(base + offset), ctypes.c_size_t(end - offset),
+                                MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
+                    raise OSError(ctypes.get_errno(), "madvise(MADV_POPULATE_WRITE) failed")
             while offset < end:  # O_DIRECT reads whole pages: the last one may end past the file
                 got = os.preadv(fd, [view[offset:end]], offset)
                 if got == 0:
@@ -146,14 +161,19 @@ def load_direct_floor(path):
     return read_into_fresh_memory(path, direct=True, threads=32, read_bytes=1 << 20)
 
 
+def load_prefault_floor(path):
+    return read_into_fresh_memory(path, direct=False, threads=os.cpu_count(), read_bytes=8 << 20,
+                                  prefault=True)
+
+
 CHILD_LOADERS = {"ferry": load_ferry, "safetensors": load_safetensors,
                  "fastsafetensors": load_fastsafetensors, "tensorizer": load_tensorizer,
                  "runai": load_runai, "read_floor": load_read_floor,
-                 "direct_floor": load_direct_floor}
+                 "direct_floor": load_direct_floor, "prefault_floor": load_prefault_floor}
 IMPORTS = {"ferry": ["torch", "ferry"], "safetensors": ["torch", "safetensors"],
            "fastsafetensors": ["torch", "fastsafetensors"], "tensorizer": ["torch", "tensorizer"],
            "runai": ["torch", "runai_model_streamer"], "read_floor": ["torch"],
-           "direct_floor": ["torch"]}
+           "direct_floor": ["torch"], "prefault_floor": ["torch"]}
 
 
 def run_child(loader, path):

@@ -181,3 +181,23 @@ def test_fresh_loads_times_each_loader_in_fresh_processes(tmp_path):
         rows["safetensors"]["seconds_median"] / rows["ferry"]["seconds_median"])
     # Two runs per loader: the untimed warm-up and the timed one, each a process of its own.
     assert len(document["runs"]) == 3
+
+
+@pytest.mark.parametrize("prefault", [False, True], ids=["read_floor", "prefault_floor"])
+def test_fresh_loads_floors_read_every_byte_of_the_file(tmp_path, prefault):
+    """The loaders' yardsticks read the file's exact bytes into fresh memory; prefault_floor's
+    madvise(MADV_POPULATE_WRITE) of each read's pages raises on any error but a kernel without the
+    call (EINVAL). An odd size ends inside a read and inside a page."""
+    torch = pytest.importorskip("torch")
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import fresh_loads
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    data = os.urandom(3 * (1 << 20) + 4097)
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(data)
+    read = fresh_loads.read_into_fresh_memory(str(path), direct=False, threads=3,
+                                              read_bytes=1 << 20, prefault=prefault)
+    assert read["bytes"].dtype == torch.uint8
+    assert bytes(read["bytes"].numpy()) == data
