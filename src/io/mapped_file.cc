@@ -107,13 +107,21 @@ struct MappedFileSignals {
   static void ReportVanishedPages(const MappedFile& file, int64_t offset) {
     const int saved_errno = errno;
     constexpr std::string_view kStart = "ferry: file '";
-    constexpr std::string_view kMiddle = "' was truncated while it was mapped: reads from byte ";
+    constexpr std::string_view kMiddle =
+        "' was truncated while it was mapped: reads of its bytes from byte ";
     constexpr std::string_view kEnd =
         " on see zeros, not the file's data (ferry's own transfers of it fail with DataLoss; "
         "replace tensor files instead of rewriting them in place)\n";
     char digits[24];
     size_t count = 0;
-    auto value = static_cast<uint64_t>(std::max<int64_t>(0, std::min(offset, file.size())));
+    // Where the file ends now (fstat is async-signal-safe): every byte from there on reads as
+    // zeros, not only those from the faulting page on. The faulting offset if fstat fails.
+    int64_t cut = offset;
+    struct stat info {};
+    if (file.fd_ >= 0 && ::fstat(file.fd_, &info) == 0) {
+      cut = std::min<int64_t>(cut, static_cast<int64_t>(info.st_size));
+    }
+    auto value = static_cast<uint64_t>(std::max<int64_t>(0, std::min(cut, file.size())));
     do {
       digits[sizeof(digits) - 1 - count++] = static_cast<char>('0' + value % 10);
       value /= 10;
@@ -207,7 +215,9 @@ struct MappedFileSignals {
 };
 
 StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever; the
+  // descriptor is refused below unless it is a regular file, where the flag changes nothing.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, fmt::format("cannot open '{}'", path));
   struct stat info {};
   if (::fstat(fd, &info) != 0) {
@@ -219,6 +229,8 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& 
     ::close(fd);
     return InvalidArgumentError(fmt::format("'{}' is not a regular file", path));
   }
+  // Blocking again for ReadAt's preads (regular files ignore the flag; this keeps it that way).
+  if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
   std::shared_ptr<MappedFile> file(new MappedFile());
   file->display_name_ = path;
   file->size_ = static_cast<int64_t>(info.st_size);

@@ -2,6 +2,8 @@
 // `Metadata::validate`), plus one of ferry's own: duplicate JSON keys are rejected, where serde
 // keeps the last one silently (so two tensors could claim one name and one would vanish).
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,9 +34,29 @@ struct HeaderEntry {
 };
 
 std::string_view JsonTypeName(const Json& value) {
-  if (value.is_number_float()) return "a non-integer number";
-  if (value.is_number_integer() && !value.is_number_unsigned()) return "a negative number";
+  if (value.is_number_float()) {
+    // nlohmann reads an integer beyond 64 bits as a double: say that, not "non-integer".
+    const double number = value.get<double>();
+    if (std::isfinite(number) && std::trunc(number) == number && std::fabs(number) >= 0x1p63) {
+      return "an integer too large for 64 bits";
+    }
+    return "a non-integer number";
+  }
+  if (value.is_number_integer() && !value.is_number_unsigned()) {
+    // "-0" is read as a signed zero; serde (the reference reader) refuses it too.
+    return value.get<int64_t>() == 0 ? "-0 (a negative zero)" : "a negative number";
+  }
   return value.type_name();
+}
+
+// nlohmann's message without its "[json.exception.<kind>.<id>] " prefix.
+std::string_view WithoutJsonExceptionPrefix(std::string_view description) {
+  if (description.starts_with("[json.exception.")) {
+    if (const size_t prefix_end = description.find("] "); prefix_end != std::string_view::npos) {
+      description.remove_prefix(prefix_end + 2);
+    }
+  }
+  return description;
 }
 
 // The message for a JSON syntax error. nlohmann's own quotes the bytes of the token it was reading
@@ -42,12 +64,9 @@ std::string_view JsonTypeName(const Json& value) {
 // message at all); so its description is kept without them, and the header is quoted from the
 // start of the character the parser stopped at, whole characters only, escaped.
 std::string JsonSyntaxErrorMessage(std::string_view text, const Json::parse_error& error) {
-  std::string_view description = error.what();
   // "[json.exception.parse_error.101] parse error at line 1, column 7: syntax error while
   // parsing value - invalid literal; last read: '...'; expected ..."
-  if (const size_t prefix_end = description.find("] "); prefix_end != std::string_view::npos) {
-    description.remove_prefix(prefix_end + 2);
-  }
+  std::string_view description = WithoutJsonExceptionPrefix(error.what());
   if (const size_t at_line = description.find(" at line "); at_line != std::string_view::npos) {
     if (const size_t colon = description.find(": ", at_line); colon != std::string_view::npos) {
       description = description.substr(colon + 2);
@@ -168,8 +187,9 @@ StatusOr<Json> ParseHeaderJson(std::string_view text, std::string_view context) 
   } catch (const Json::parse_error& error) {
     return MalformedError(context, JsonSyntaxErrorMessage(text, error));
   } catch (const Json::exception& error) {
-    return MalformedError(context, fmt::format("the header is not valid JSON: {}",
-                                               EscapeForMessage(error.what(), 256)));
+    return MalformedError(
+        context, fmt::format("the header is not valid JSON: {}",
+                             EscapeForMessage(WithoutJsonExceptionPrefix(error.what()), 256)));
   }
   if (builder.too_deep()) {
     return MalformedError(context, fmt::format("the JSON header nests deeper than {} levels",

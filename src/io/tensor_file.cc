@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <string>
 #include <utility>
 
+#include "fmt/format.h"
 #include "src/io/npy.h"
 #include "src/io/npz.h"
 #include "src/io/safetensors.h"
@@ -136,7 +138,26 @@ StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
       parsed = io_internal::ParseNpz(file, options);
       break;
   }
-  if (!parsed.ok()) return parsed.status();
+  if (!parsed.ok()) {
+    // A file named .npy or .npz that does not start like one was read as safetensors (the format
+    // without a magic): say so, or the safetensors error alone (a huge "header size") misleads.
+    const std::string& name = file->display_name();
+    const char* named = nullptr;
+    if (HasExtension(name, ".npz")) {
+      named =
+          "an .npz archive, but it does not start like one (a zip file starts with \"PK\"; "
+          "bytes before the archive are refused)";
+    } else if (HasExtension(name, ".npy")) {
+      named = "an .npy file, but it does not start like one (with \"\\x93NUMPY\")";
+    }
+    if (!options.format.has_value() && format == TensorFileFormat::kSafetensors &&
+        named != nullptr) {
+      return Status(parsed.status().code(),
+                    fmt::format("{} (read as safetensors: its name says {})",
+                                std::string(parsed.status().message()), named));
+    }
+    return parsed.status();
+  }
   TensorFile result;
   result.format_ = format;
   result.metadata_ = std::move(parsed->metadata);

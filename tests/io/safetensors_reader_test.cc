@@ -304,6 +304,22 @@ TEST(SafetensorsReaderTest, ShapeMustHoldNonNegativeIntegers) {
   ExpectRejected(
       OneTensor(R"({"dtype":"U8","shape":[9223372036854775808],"data_offsets":[0,0]})", ""),
       {"shape[0] 9223372036854775808 is larger than 2^63 - 1"});
+  // Beyond 64 bits nlohmann reads an integer as a double: still called an integer, too large.
+  ExpectRejected(
+      OneTensor(R"({"dtype":"U8","shape":[18446744073709551616],"data_offsets":[0,0]})", ""),
+      {"shape[0] must be a non-negative integer, not an integer too large for 64 bits"});
+  // "-0" is a signed zero (refused, as serde refuses it), and named so, not "a negative number".
+  ExpectRejected(OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[-0,1]})", "a"),
+                 {"data_offsets[0] must be a non-negative integer, not -0 (a negative zero)"});
+}
+
+TEST(SafetensorsReaderTest, NumberOverflowIsAnErrorWithoutTheJsonLibrarysPrefix) {
+  auto parsed = ParseBytes(
+      OneTensor(R"({"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":1e999})", "a"));
+  ASSERT_FALSE(parsed.ok());
+  const std::string message(parsed.status().message());
+  EXPECT_THAT(message, HasSubstr("number overflow parsing '1e999'"));
+  EXPECT_THAT(message, Not(HasSubstr("json.exception")));
 }
 
 TEST(SafetensorsReaderTest, DataOffsetsMustBeTwoNonNegativeIntegers) {

@@ -4,12 +4,16 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/device/registry.h"
@@ -27,6 +31,7 @@ using ::ferry::io_test::RawBytes;
 using ::ferry::io_test::TempDir;
 using ::ferry::io_test::WriteFileBytes;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(TensorFileTest, FormatIsDetectedFromTheBytesNotTheExtension) {
   std::vector<float> values = {1, 2, 3};
@@ -115,12 +120,56 @@ TEST(TensorFileTest, EmptyOrCutOffNumpyFileIsABadNumpyFileNotABadSafetensorsFile
             absl::StatusCode::kInvalidArgument);
 }
 
+// An archive with bytes before it (a self-extracting prefix) named .npz starts like no format and
+// is read as safetensors; the error says why, instead of only a nonsense "header size".
+TEST(TensorFileTest, NpzNamedFileThatDoesNotStartLikeOneSaysSo) {
+  TempDir dir;
+  WriteFileBytes(dir.Path("prefixed.npz"), std::string("#!/bin/sh\nexit 0\nPK\x03\x04rest"));
+  WriteFileBytes(dir.Path("bad.npy"), std::string("not numpy at all, but long"));
+  for (const char* name : {"prefixed.npz", "bad.npy"}) {
+    auto file = TensorFile::Open(dir.Path(name));
+    ASSERT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << name;
+    const std::string message(file.status().message());
+    EXPECT_THAT(message, HasSubstr("read as safetensors: its name says an")) << message;
+    EXPECT_THAT(message, HasSubstr("but it does not start like one")) << message;
+  }
+  // Given the format explicitly, no guess is explained.
+  TensorFileOptions as_safetensors;
+  as_safetensors.format = TensorFileFormat::kSafetensors;
+  auto explicit_format = TensorFile::Open(dir.Path("prefixed.npz"), as_safetensors);
+  ASSERT_FALSE(explicit_format.ok());
+  EXPECT_THAT(std::string(explicit_format.status().message()), Not(HasSubstr("its name says")));
+}
+
 TEST(TensorFileTest, DirectoryIsNotARegularFile) {
   TempDir dir;
   std::filesystem::create_directories(dir.Path("sub"));
   auto file = TensorFile::Open(dir.Path("sub"));
   EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(file.status().message()), HasSubstr("not a regular file"));
+}
+
+// Opening a FIFO for reading waits for a writer; a FIFO given as a tensor file must be refused at
+// once instead. The open runs on a thread of its own so that a hang fails the test (and the
+// writer end opened afterwards lets that thread finish) instead of stalling the suite.
+TEST(TensorFileTest, FifoIsRefusedWithoutWaitingForAWriter) {
+  TempDir dir;
+  const std::string fifo = dir.Path("pipe.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  std::packaged_task<Status()> open_task([&fifo] { return TensorFile::Open(fifo).status(); });
+  std::future<Status> opened = open_task.get_future();
+  std::thread opener(std::move(open_task));
+  const bool finished = opened.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!finished) {
+    // Unblock the open (a writer appears, and goes at once) so that the thread can be joined.
+    const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) ::close(writer);
+  }
+  opener.join();
+  ASSERT_TRUE(finished) << "opening a FIFO waited for a writer";
+  const Status status = opened.get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("not a regular file"));
 }
 
 TEST(TensorFileTest, EmptyFileIsMalformedNotACrash) {

@@ -83,7 +83,9 @@ def test_numpy_reading_a_truncated_mapping_is_told_on_stderr(tmp_path):
     assert "sum " in result.stdout and "again 0.0" in result.stdout, result.stdout
     notes = [line for line in result.stderr.splitlines() if line.startswith("ferry: file '")]
     assert len(notes) == 1, result.stderr
-    assert "w.npy' was truncated while it was mapped: reads from byte 4096 on see zeros" in notes[0]
+    assert (
+        "w.npy' was truncated while it was mapped: reads of its bytes from byte 4096 on see zeros"
+    ) in notes[0]
 
 
 def test_each_array_answers_for_its_own_file_only(tmp_path):
