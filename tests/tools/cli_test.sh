@@ -105,6 +105,37 @@ check "put --device-dtype-all" 0 "$ferry" put "$work/f32.safetensors" --device-d
 expect_output "ids converted when asked" "position_ids .*int64 -> bfloat16" "$work/out"
 expect_output "ids' loss reported" "lossy conversion: model.position_ids (int64 -> bfloat16)" \
   "$work/out"
+# int64 beyond 2^53 stored as float64 loses its low bits: a lossy conversion, compared as integers
+# (not through a double, which would round the file's value the same way and call it a match).
+python3 - "$work/big_i64.npy" <<'PY'
+import struct, sys
+header = b"{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }"
+header += b" " * (64 - 10 - len(header) - 1) + b"\n"
+with open(sys.argv[1], "wb") as out:
+    out.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header)
+    out.write(struct.pack("<3q", 2**53 + 1, 2**60 + 1, 3))
+PY
+check "put int64 as float64 --verify" 0 "$ferry" put "$work/big_i64.npy" --device-dtype float64 \
+  --device-dtype-all --verify --json "$work/big_i64.json"
+expect_output "integers past 2^53 reported lossy" \
+  "lossy conversion: big_i64 (int64 -> float64): 2 of 3 elements differ" "$work/out"
+expect_output "json says not exact (integers)" '"verified_exact": false' "$work/big_i64.json"
+# --json never writes over a tensor file: a typo that took a checkpoint's name as its value, or
+# an input under another name.
+cp "$work/big_i64.npy" "$work/keep.npy"
+check "--json naming a tensor file is bad input" 1 "$ferry" put --json "$work/keep.npy" \
+  "$work/big_i64.npy"
+expect_output "the refusal says why" "is named like a tensor file" "$work/err"
+ln -s "$work/keep.npy" "$work/keep_link"
+check "--json naming an input is bad input" 1 "$ferry" put --json "$work/keep_link" \
+  "$work/keep.npy"
+expect_output "the refusal names the input" "is the input file" "$work/err"
+if cmp -s "$work/keep.npy" "$work/big_i64.npy"; then echo "ok: the inputs are untouched"
+  passes=$((passes + 1)); else echo "FAIL: --json overwrote an input"; failures=$((failures + 1)); fi
+# .npz has no bfloat16: asked for it explicitly, sample refuses instead of writing float16.
+check "sample .npz --dtype bfloat16 is bad input" 1 "$ferry" sample "$work/bf16.npz" --size 1MiB \
+  --dtype bfloat16
+expect_output "sample says numpy has no bfloat16" "no dtype for bfloat16" "$work/err"
 # An FP8 checkpoint: float8 converts to nothing else, so a float request leaves it as it is.
 f8_header='{"w8":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w32":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}'
 printf "$(printf '\\x%02x' $(( ${#f8_header} )) 0 0 0 0 0 0 0)" >"$work/f8.safetensors"

@@ -151,13 +151,33 @@ std::string FormatBytes(double bytes) {
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
-Status CheckOutputPath(const std::string& path, std::string_view option) {
+Status CheckOutputPath(const std::string& path, std::string_view option,
+                       const std::vector<std::string>& inputs) {
   if (path == "-") return OkStatus();
+  // A report is never a tensor file: a path named like one is a checkpoint that a mistyped
+  // command line gave as the option's value (`put --json a.safetensors b.safetensors`).
+  std::string extension = std::filesystem::path(path).extension().string();
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (extension == ".safetensors" || extension == ".npy" || extension == ".npz") {
+    return InvalidArgumentError(fmt::format(
+        "{} '{}' is named like a tensor file: {} writes a report there, not tensors (was it "
+        "meant as an input? give {} its own path, or '-' for stdout)",
+        option, Printable(path), option, option));
+  }
   std::error_code error;
   const std::filesystem::path file(path);
   if (std::filesystem::exists(file, error)) {
     if (std::filesystem::is_directory(file, error)) {
       return InvalidArgumentError(fmt::format("{} '{}' is a directory", option, path));
+    }
+    for (const std::string& input : inputs) {
+      std::error_code not_comparable;  // an input that does not exist is never the output
+      if (std::filesystem::equivalent(file, input, not_comparable)) {
+        return InvalidArgumentError(fmt::format(
+            "{} '{}' is the input file '{}': it would be overwritten (give {} its own path, "
+            "or '-' for stdout)",
+            option, Printable(path), Printable(input), option));
+      }
     }
     if (::access(path.c_str(), W_OK) != 0) {
       return InvalidArgumentError(

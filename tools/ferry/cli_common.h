@@ -71,8 +71,12 @@ Status WriteJson(const nlohmann::json& json, const std::string& path);
 // OK when a file can be written at `path` ("-" is stdout): its folder exists and is writable, and
 // the file, if it exists, is a writable regular file. Nothing is created. `option` names the flag
 // in the error ("--json"). Checked before a command starts its work, so that a mistyped output
-// path is an error at once, not after the work.
-Status CheckOutputPath(const std::string& path, std::string_view option);
+// path is an error at once, not after the work. InvalidArgument as well when the path is named
+// like a tensor file (.safetensors, .npy, .npz) or is one of `inputs` (the same file under any
+// name): `ferry put --json a.safetensors b.safetensors` must not write its report over a
+// checkpoint.
+Status CheckOutputPath(const std::string& path, std::string_view option,
+                       const std::vector<std::string>& inputs = {});
 
 // A one-line progress bar on stderr (bytes, GB/s, time left), drawn only when stderr is a
 // terminal and at most every 100 ms, as wide as the terminal (the bar grows with it, up to 60

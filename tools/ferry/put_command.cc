@@ -39,6 +39,48 @@ struct VerifyResult {
   double max_error = 0;   // largest |read back - file| (complex: modulus); NaN vs NaN is 0
 };
 
+// Element by element, `got` against `expected` (dense, native, one integer or bool dtype): every
+// bit that differs is a value that differs, and the error is exact (a 64-bit integer does not fit
+// a double's 53-bit mantissa, so these are not compared as floating point).
+template <typename T>
+void CompareIntegersAs(const HostTensor& got, const HostTensor& expected, VerifyResult& result) {
+  const auto* a = reinterpret_cast<const T*>(got.data());
+  const auto* b = reinterpret_cast<const T*>(expected.data());
+  const int64_t count = expected.size_bytes() / static_cast<int64_t>(sizeof(T));
+  for (int64_t i = 0; i < count; ++i) {
+    if (a[i] == b[i]) continue;
+    ++result.differing;
+    const __int128 difference = static_cast<__int128>(a[i]) - static_cast<__int128>(b[i]);
+    result.max_error =
+        std::max(result.max_error, static_cast<double>(difference < 0 ? -difference : difference));
+  }
+}
+
+void CompareIntegers(const HostTensor& got, const HostTensor& expected, VerifyResult& result) {
+  switch (got.dtype()) {
+    case DType::kBool:
+    case DType::kU8:
+      return CompareIntegersAs<uint8_t>(got, expected, result);
+    case DType::kS8:
+      return CompareIntegersAs<int8_t>(got, expected, result);
+    case DType::kS16:
+      return CompareIntegersAs<int16_t>(got, expected, result);
+    case DType::kU16:
+      return CompareIntegersAs<uint16_t>(got, expected, result);
+    case DType::kS32:
+      return CompareIntegersAs<int32_t>(got, expected, result);
+    case DType::kU32:
+      return CompareIntegersAs<uint32_t>(got, expected, result);
+    case DType::kS64:
+      return CompareIntegersAs<int64_t>(got, expected, result);
+    case DType::kU64:
+      return CompareIntegersAs<uint64_t>(got, expected, result);
+    default:
+      result.differing = -1;  // not an integer dtype: never called so
+      result.max_error = std::numeric_limits<double>::infinity();
+  }
+}
+
 // Reads `tensor` back in the file's dtype and compares it with the file itself (not with the
 // file converted to the device dtype and back, which would call any lossy conversion a match).
 StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
@@ -64,8 +106,18 @@ StatusOr<VerifyResult> Verify(const PutTensor& tensor) {
     result.max_error = std::numeric_limits<double>::infinity();
     return result;
   }
-  // Both as complex128 (which holds every dtype's values exactly but uint64/int64 beyond 2^53),
-  // element by element.
+  switch (GetDTypeInfo(view.dtype).kind) {
+    case DTypeKind::kBool:
+    case DTypeKind::kSignedInt:
+    case DTypeKind::kUnsignedInt:
+      CompareIntegers(got, expected, result);
+      return result;
+    case DTypeKind::kFloat:
+    case DTypeKind::kComplex:
+      break;
+  }
+  // Both as complex128 (which holds every floating-point dtype's values exactly), element by
+  // element.
   FERRY_ASSIGN_OR_RETURN(HostTensor got_wide, HostTensor::Allocate(DType::kC128, view.dims));
   FERRY_ASSIGN_OR_RETURN(HostTensor expected_wide, HostTensor::Allocate(DType::kC128, view.dims));
   FERRY_RETURN_IF_ERROR(CopyConvert(got.view(), got_wide.mutable_view()));
@@ -296,7 +348,8 @@ int RunPut(const PutOptions& options) {
   constexpr std::string_view kCommand = "put";
   // Every output path is checked before the put starts (not found wrong after it).
   if (!options.json_path.empty()) {
-    if (Status writable = CheckOutputPath(options.json_path, "--json"); !writable.ok()) {
+    if (Status writable = CheckOutputPath(options.json_path, "--json", options.files);
+        !writable.ok()) {
       return ReportError(kCommand, writable);
     }
   }

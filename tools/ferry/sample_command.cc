@@ -54,6 +54,12 @@ int RunSample(const SampleOptions& options) {
         PlanSampleCheckpoint(*target, options.hidden, float_dtype);
     if (!planned.ok()) return ReportError(kCommand, planned.status());
     plan = *std::move(planned);
+    if (format == "npz" && float_dtype == DType::kBF16) {  // asked for, and impossible
+      return ReportError(kCommand, InvalidArgumentError(fmt::format(
+                                       "cannot write '{}' with --dtype bfloat16: numpy (and so "
+                                       ".npz) has no dtype for bfloat16",
+                                       Printable(options.path))));
+    }
     if (format == "npz") {  // numpy has no bfloat16: .npz checkpoints keep it as float16
       for (SampleTensor& tensor : plan) {
         if (tensor.dtype == DType::kBF16) tensor.dtype = DType::kF16;
