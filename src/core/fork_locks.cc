@@ -46,6 +46,20 @@ void UnlockAll() {
   }
 }
 
+std::atomic<uint64_t> fork_generation{0};
+
+void InChild() {
+  UnlockAll();
+  fork_generation.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Once per process (per copy of ferry: the plugin holds its own); the handlers only walk the
+// lists, so registering before the first entry exists is harmless.
+void RegisterHandlersOnce() {
+  static const bool handlers_registered = pthread_atfork(&LockAll, &UnlockAll, &InChild) == 0;
+  (void)handlers_registered;
+}
+
 void LockMutex(void* mutex) ABSL_NO_THREAD_SAFETY_ANALYSIS { static_cast<Mutex*>(mutex)->Lock(); }
 void UnlockMutex(void* mutex) ABSL_NO_THREAD_SAFETY_ANALYSIS {
   static_cast<Mutex*>(mutex)->Unlock();
@@ -55,15 +69,17 @@ void UnlockMutex(void* mutex) ABSL_NO_THREAD_SAFETY_ANALYSIS {
 
 void RegisterForkLock(ForkLockRank rank, void (*lock)(void*), void (*unlock)(void*),
                       void* context) {
-  // Once per process (per copy of ferry: the plugin holds its own); the handlers only walk the
-  // lists, so registering before the first entry exists is harmless.
-  static const bool handlers_registered = pthread_atfork(&LockAll, &UnlockAll, &UnlockAll) == 0;
-  (void)handlers_registered;
+  RegisterHandlersOnce();
   std::atomic<Entry*>& list = lists[static_cast<int>(rank)];
   auto* entry = new Entry{lock, unlock, context, list.load(std::memory_order_relaxed)};
   while (!list.compare_exchange_weak(entry->next, entry, std::memory_order_release,
                                      std::memory_order_relaxed)) {
   }
+}
+
+uint64_t ForkGeneration() {
+  RegisterHandlersOnce();
+  return fork_generation.load(std::memory_order_relaxed);
 }
 
 void RegisterForkLock(ForkLockRank rank, Mutex& mutex) {

@@ -11,6 +11,8 @@
 // loaders' locks, held across dlopen, are therefore not registered.
 #pragma once
 
+#include <cstdint>
+
 #include "ferry/core/mutex.h"
 
 namespace ferry::internal {
@@ -25,6 +27,7 @@ enum class ForkLockRank : int {
   kConvertKernelLevel,      // reads the settings
   kHostMemoryCache,
   kMappedFiles,
+  kPluginState,  // ferry's PJRT plugin: its client table and its pending puts (never both)
   kPluginErrors,
   kPluginEvents,
   kSettings,
@@ -41,5 +44,11 @@ void RegisterForkLock(ForkLockRank rank, Mutex& mutex);
 // As above, for a lock that is not one Mutex: `lock(context)` runs before the fork and must leave
 // every lock it took held; `unlock(context)` runs after, in the parent and in the child.
 void RegisterForkLock(ForkLockRank rank, void (*lock)(void*), void (*unlock)(void*), void* context);
+
+// How many fork()s lie between the first call of any function here (in this copy of ferry) and
+// the calling process: 0 in the process that called first, 1 in its forked child, and so on. A
+// component that owns threads records it when it starts them, and in a forked child (a larger
+// number: none of those threads exist there) makes its own instead of waiting for them forever.
+uint64_t ForkGeneration();
 
 }  // namespace ferry::internal

@@ -13,6 +13,7 @@
 #include "ferry/core/metrics.h"
 #include "ferry/core/settings.h"
 #include "fmt/format.h"
+#include "src/core/fork_locks.h"
 #include "src/device/pjrt/pjrt_runtime.h"
 #include "src/plugin/device_to_host.h"
 #include "src/plugin/host_to_device.h"
@@ -88,6 +89,13 @@ void CountTransferPath(TransferPath path) {
   entry.metric->Add();
 }
 
+namespace {
+
+// One copy worker per core.
+int NumCopyWorkers() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+}  // namespace
+
 StatusOr<WrappedPlugin*> WrappedPlugin::Get() {
   static const StatusOr<WrappedPlugin*>* instance = new StatusOr<WrappedPlugin*>(Make());
   return *instance;
@@ -121,10 +129,29 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
   FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
   plugin->table_ = table;
-  plugin->engine_ = std::make_unique<TransferEngine>(
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  plugin->workers_.store(new ProcessWorkers(internal::ForkGeneration(), NumCopyWorkers()),
+                         std::memory_order_release);
   plugin->memory_ = std::make_shared<MemoryAccount>(std::nullopt);
+  internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->mutex_);
+  internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->pending_mutex_);
   return plugin;
+}
+
+WrappedPlugin::ProcessWorkers& WrappedPlugin::ThisProcessWorkers() {
+  ProcessWorkers* current = workers_.load(std::memory_order_acquire);
+  const uint64_t generation = internal::ForkGeneration();
+  if (current->fork_generation == generation) return *current;
+  // A forked child's first transfer: its own threads. Another thread of the child may race here;
+  // the loser's workers are joined and freed at once, in the process that made them.
+  auto own = std::make_unique<ProcessWorkers>(generation, NumCopyWorkers());
+  while (current->fork_generation != generation) {
+    if (workers_.compare_exchange_weak(current, own.get(), std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+      return *own.release();  // the parent's are abandoned: destroying them would join threads
+                              // that do not exist in this process
+    }
+  }
+  return *current;
 }
 
 bool WrappedPlugin::MayAlias() const {

@@ -17,6 +17,12 @@
 //
 // Ownership: the instance, the table and the wrapped library live until the process exits (plugin
 // threads may call into them at exit). Thread-safe.
+//
+// fork(): the copy workers and the fulfilment thread belong to the process that started them. A
+// forked child has none of them, so its first transfer starts its own (the parent's are
+// abandoned there, never joined); the instance's locks are held still across every fork
+// (src/core/fork_locks.h). Buffers the parent left pending at the fork are never fulfilled in the
+// child: as JAX says of fork() itself, transfer before the fork or after, not across it.
 #pragma once
 
 #include <atomic>
@@ -73,8 +79,8 @@ class WrappedPlugin {
   // ferry's table, handed to the caller of GetPjrtApi.
   const PJRT_Api* table() const { return table_; }
 
-  // The workers that run ferry's copies (one per core).
-  TransferEngine& engine() { return *engine_; }
+  // The workers that run ferry's copies (one per core), this process's own (see fork() above).
+  TransferEngine& engine() { return ThisProcessWorkers().engine; }
   // The account of the device memory ferry allocates for plugin buffers (no limit: the plugin's
   // own memory has none either).
   const std::shared_ptr<MemoryAccount>& memory() const { return memory_; }
@@ -82,7 +88,7 @@ class WrappedPlugin {
   // Where ferry fulfils the buffers its puts return before they are written (host_to_device.h):
   // one thread of its own, so that the callbacks the plugin runs at fulfilment (those its users
   // registered on the buffer) never hold up a copy worker.
-  Executor& fulfilments() { return fulfilments_; }
+  Executor& fulfilments() { return ThisProcessWorkers().fulfilments; }
   // Whether ferry may return a buffer before writing it: the wrapped plugin has
   // PJRT_Client_CreateAliasBuffer and PJRT_Client_FulfillAliasBuffer (API 0.76 on), and has not
   // answered CreateAliasBuffer UNIMPLEMENTED (AliasRefused).
@@ -106,14 +112,25 @@ class WrappedPlugin {
   bool HostAddressable(PJRT_Client* client);
 
  private:
+  // The threads of one process: the copy engine and the fulfilment executor.
+  struct ProcessWorkers {
+    ProcessWorkers(uint64_t fork_generation, int num_workers)
+        : fork_generation(fork_generation), engine(num_workers) {}
+    const uint64_t fork_generation;  // internal::ForkGeneration() of the process that made them
+    TransferEngine engine;
+    SerialExecutor fulfilments;
+  };
+
   WrappedPlugin() = default;
   static StatusOr<WrappedPlugin*> Make();
+  // The workers of the calling process: those made at start-up, or in a forked child, its own,
+  // made by its first call (the parent's are left as they are: their threads are not there).
+  ProcessWorkers& ThisProcessWorkers();
 
   const pjrt::PjrtLibrary* library_ = nullptr;
   PJRT_Api* table_ = nullptr;
-  std::unique_ptr<TransferEngine> engine_;
+  std::atomic<ProcessWorkers*> workers_{nullptr};  // never freed once a child has replaced it
   std::shared_ptr<MemoryAccount> memory_;
-  SerialExecutor fulfilments_;
   std::atomic<bool> alias_refused_{false};
   Mutex mutex_;
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends

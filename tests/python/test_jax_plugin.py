@@ -270,6 +270,49 @@ def test_async_put_then_blocking_read_through_jax_never_hangs():
     assert "completed 40 40 40" in result.stdout, result.stdout
 
 
+FORK = r"""
+import os, sys, time, numpy as np
+import ferry.jax
+ferry.jax.register({wrapped!r}, priority=0)
+import jax
+device = jax.devices("ferry")[0]
+source = np.arange(512 * 600, dtype=np.float32).reshape(512, 600)
+
+def put_and_check(tag):
+    # 1.2 MB through a transpose: ferry's copy on its workers, after the call returns.
+    array = jax.device_put(source.T, device)
+    if not np.array_equal(np.asarray(array), source.T):
+        sys.exit(f"{{tag}}: wrong data")
+
+put_and_check("parent before the fork")  # the parent's workers have run
+pid = os.fork()
+if pid == 0:
+    put_and_check("child")
+    put_and_check("child again")
+    os._exit(0)
+for _ in range(300):  # up to 30 s
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("child exit", os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, 9)
+    print("child hung")
+put_and_check("parent after the fork")
+print("parent ok")
+"""
+
+
+def test_forked_child_transfers_through_ferrys_plugin_with_workers_of_its_own():
+    # Before: the copy workers were the parent's, absent in a forked child, whose first put of
+    # more than 256 KiB then waited forever for a buffer they would fulfil.
+    result = run_python(FORK.format(wrapped=WRAPPED), timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "child exit 0" in result.stdout, result.stdout + result.stderr[-3000:]
+    assert "parent ok" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
 def test_benchmark_prints_a_row_per_case_and_direction_at_a_tiny_size():
     bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "jax_plugin_bench.py")
     result = run_python(
