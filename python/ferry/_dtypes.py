@@ -61,9 +61,16 @@ class _DtypeTable(Mapping):
     def __len__(self) -> int:
         return len(self._names)
 
-    def viewed_as_uint(self, dtype: np.dtype) -> tuple[str, type] | None:
-        """(ferry's name, the unsigned carrier) for an ml_dtypes dtype; None for any other."""
-        return self._ml_dtypes().get(dtype) if dtype.num >= _NPY_USERDEF else None
+    def viewed_as_uint(self, dtype: np.dtype) -> tuple[str, np.dtype] | None:
+        """(ferry's name, the unsigned carrier in the dtype's own byte order) for an ml_dtypes
+        dtype, either byte order; None for any other."""
+        if dtype.num < _NPY_USERDEF:
+            return None
+        found = self._ml_dtypes().get(dtype.newbyteorder("="))
+        if found is None:
+            return None
+        name, carrier = found
+        return name, np.dtype(carrier).newbyteorder(dtype.byteorder)
 
     def has(self, dtype: np.dtype) -> bool:
         """Whether ferry has this numpy dtype (in either byte order)."""
@@ -71,6 +78,9 @@ class _DtypeTable(Mapping):
         return dtype in self.builtin or self.viewed_as_uint(dtype) is not None
 
     def name_of(self, dtype: np.dtype) -> str | None:
+        """ferry's name for `dtype` in either byte order (a name says what the values are, not
+        how some memory lays them out: a device stores its own order); None if it has none."""
+        dtype = dtype.newbyteorder("=")
         if dtype.num >= _NPY_USERDEF:
             viewed = self.viewed_as_uint(dtype)
             return None if viewed is None else viewed[0]

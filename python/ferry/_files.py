@@ -28,8 +28,8 @@ class TensorFile(Mapping):
     name to numpy array, in the file's order (safetensors: by data offset; .npz: archive order).
 
     Arrays are read-only. Where `zero_copy(name)` is True the array is a view of the mapped file
-    (no copy was made); otherwise (deflated .npz members, big-endian .npy data) it views a copy
-    decoded once at open time. Every array holds what it views: the arrays stay valid after this
+    (no copy was made), big-endian data included (viewed with a big-endian dtype); otherwise
+    (deflated .npz members) it views a copy decoded once at open time. Every array holds what it views: the arrays stay valid after this
     object is gone, and the file is unmapped when the last of them is gone. Copy an array
     (`np.array(a)`) to get a writable one that does not hold the file.
     """
@@ -63,7 +63,8 @@ class TensorFile(Mapping):
         return self._zero_copy[name]
 
     def byte_swapped(self, name: str) -> bool:
-        """Whether the file stored tensor `name` big-endian (the array holds swapped values)."""
+        """Whether the file stored tensor `name` big-endian (the array views those bytes as they
+        are, with a big-endian dtype: its values are the file's)."""
         return self._byte_swapped[name]
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -104,9 +105,9 @@ def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = No
     A name or pattern that matches no tensor raises NotFoundError naming it.
     The GIL is released while the file is opened and parsed.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # a str, undecodable bytes kept as surrogates (os.listdir's names)
     format_name, metadata, raw = _ferry._load_file(
-        path, _string_list(names, "names"), _string_list(pattern, "pattern"),
+        os.fsencode(path), _string_list(names, "names"), _string_list(pattern, "pattern"),
         _string_list(exclude, "exclude"))
     entries = []
     for name, data, dtype_name, zero_copy, byte_swapped in raw:
@@ -180,7 +181,7 @@ def load_file(
     target = _resolve_device(device) or _ferry.device("host:0")
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     return dict(_ferry._load_file_onto(
-        os.fspath(path), _string_list(names, "names"), _string_list(pattern, "pattern"),
+        os.fsencode(path), _string_list(names, "names"), _string_list(pattern, "pattern"),
         _string_list(exclude, "exclude"), target, requested, bool(device_dtype_all)))
 
 
@@ -347,7 +348,7 @@ def save_file(
     written to `path + ".partial"` and renamed when complete. The GIL is released while writing:
     do not change the arrays from another thread meanwhile.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     format = _file_format(path, format)
     if isinstance(tensors, Mapping):
         items = list(tensors.items())
@@ -369,4 +370,5 @@ def save_file(
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgumentError("metadata maps str to str")
         metadata_dict[key] = value
-    _ferry._save_file(path, format, names, objects, overrides, metadata_dict, bool(compressed))
+    _ferry._save_file(os.fsencode(path), format, names, objects, overrides, metadata_dict,
+                      bool(compressed))

@@ -3,13 +3,15 @@ producers, scalars, ferry.Arrays), and pytrees of them."""
 
 from __future__ import annotations
 
+import collections
+import sys
 from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
 
 from ._ferry import Array
-from ._errors import InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._dtypes import _dtype_name, _NUMPY_DTYPES
 
 
@@ -35,13 +37,20 @@ def _has_buffer(x: Any) -> bool:
     return True
 
 
+def _is_torch_tensor(x: Any) -> bool:
+    """Whether `x` is a torch.Tensor, subclasses (nn.Parameter) included; never imports torch."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def _check_movable(x: Any, where: str) -> None:
     """An error naming the real cause for inputs that cannot be moved (instead of the DLPack or
     buffer error they would raise further down)."""
     is_deleted = getattr(x, "is_deleted", None)
     if type(x).__module__.startswith("jax") and callable(is_deleted) and is_deleted():
-        raise InvalidArgumentError(f"{where}: the jax array has been deleted (donated or .delete())")
-    if type(x).__module__ == "torch" and type(x).__name__ in ("Tensor", "Parameter"):
+        raise FailedPreconditionError(
+            f"{where}: the jax array has been deleted (donated or .delete())")
+    if _is_torch_tensor(x):
         if getattr(x, "is_meta", False):
             raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
         layout = str(getattr(x, "layout", "torch.strided"))
@@ -122,10 +131,19 @@ def _prepare_other(x: Any, where: str) -> Any:
     if isinstance(x, (np.generic, bool, int, float, complex)):  # a scalar: a 0-d array
         x = np.asarray(x)
     _check_movable(x, where)
+    if _is_torch_tensor(x):
+        if x.requires_grad:
+            # The same memory without autograd's claim on it: DLPack refuses to export a tensor
+            # that requires grad (every nn.Parameter of a model), and ferry only reads it.
+            x = x.detach()
+        if type(x).__module__ != "torch":
+            # A subclass (nn.Parameter, a tensor subclass) as the plain tensor over its memory,
+            # which the DLPack import recognises as torch's.
+            x = x.as_subclass(sys.modules["torch"].Tensor)
     x = _resolve_lazy_views(x)
     if isinstance(x, Array):
         if x.is_deleted():
-            raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
+            raise FailedPreconditionError(f"{where}: a ferry.Array that has been deleted")
         x = x.to_numpy()  # through the host (device_put copies device to device where it can)
     _check_foreign_dtype(x, where)
     _check_dlpack_device(x, where)
@@ -133,6 +151,21 @@ def _prepare_other(x: Any, where: str) -> Any:
             and (hasattr(x, "__array__") or hasattr(x, "__array_interface__"))):
         x = np.asarray(x)  # an object that numpy alone can read
     return x
+
+
+def _dict_maker(tree: dict) -> Callable[[Iterator[tuple[Any, Any]]], dict]:
+    """How a dict node of a pytree is rebuilt from (key, value) pairs: dict, OrderedDict and
+    defaultdict (with its default factory), as JAX's pytree nodes. Any other dict subclass
+    raises before anything is transferred: its constructor need not take pairs (a Counter counts
+    them)."""
+    kind = type(tree)
+    if kind is dict or kind is collections.OrderedDict:
+        return kind
+    if kind is collections.defaultdict:
+        return lambda pairs: collections.defaultdict(tree.default_factory, pairs)
+    raise InvalidArgumentError(
+        f"a {kind.__module__}.{kind.__qualname__} in the input: ferry's pytrees hold dict, "
+        "OrderedDict and defaultdict; pass dict(...) of it")
 
 
 def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
@@ -143,9 +176,10 @@ def _flatten(tree: Any, leaves: list[Any]) -> Callable[[Iterator[Any]], Any]:
     if tree is None:
         return lambda it: None
     if isinstance(tree, dict):
+        make = _dict_maker(tree)
         keys = list(tree)
         builders = [_flatten(tree[key], leaves) for key in keys]
-        return lambda it: type(tree)(zip(keys, [build(it) for build in builders]))
+        return lambda it: make(zip(keys, [build(it) for build in builders]))
     if isinstance(tree, (list, tuple)):
         builders = [_flatten(item, leaves) for item in tree]
         if hasattr(tree, "_fields"):  # a named tuple

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _ferry
 from ._ferry import Array, Device, HostRead
-from ._errors import InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._dtypes import _dtype_name, _NUMPY_DTYPES
 from ._devices import _resolve_device
 from ._sharding import Sharding
@@ -119,7 +119,7 @@ def _copies_device_to_device(item: Any, target: Any, device_dtype: str | None,
     if not isinstance(item, Array):
         return False
     if item.is_deleted():
-        raise InvalidArgumentError(f"{where}: a ferry.Array that has been deleted")
+        raise FailedPreconditionError(f"{where}: a ferry.Array that has been deleted")
     if isinstance(target, Sharding) or item._is_sharded or memory_kind is not None:
         return False
     if device_dtype is not None and device_dtype != item.device_dtype:
@@ -336,7 +336,7 @@ def from_dlpack(obj: Any, device: Device | str | None = None) -> Array:
     Producers in device memory (a CUDA tensor) raise InvalidArgumentError naming the device."""
     if isinstance(obj, Array):
         if obj.is_deleted():
-            raise InvalidArgumentError("from_dlpack: a ferry.Array that has been deleted")
+            raise FailedPreconditionError("from_dlpack: a ferry.Array that has been deleted")
         target = _resolve_device(device)
         if target is None or (not obj._is_sharded and target == obj.device):
             alias = obj._alias()

@@ -703,10 +703,11 @@ Array PutOne(nb::object object, Device* device, const std::string& semantics_nam
 // file order. `device_dtype` applies to the tensors of its kind (RequestAppliesTo), to every
 // tensor with `device_dtype_all`. Runs without the GIL; Ctrl-C is seen between windows.
 std::vector<std::pair<std::string, Array>> LoadFileOnto(
-    const std::string& path, std::vector<std::string> names, std::vector<std::string> patterns,
+    const nb::bytes& path_bytes, std::vector<std::string> names, std::vector<std::string> patterns,
     std::vector<std::string> exclude, Device* device, std::optional<std::string> device_dtype,
     bool device_dtype_all) {
   ApiScope api;
+  const std::string path = PathFromBytes(path_bytes);
   CheckDeviceUsable(device);
   std::optional<DType> requested;
   if (device_dtype.has_value()) requested = ParseDType(*device_dtype);

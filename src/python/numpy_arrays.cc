@@ -1,6 +1,7 @@
 #include "src/python/numpy_arrays.h"
 
 #include <cstdint>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -24,7 +25,22 @@ nb::dlpack::dtype StorageDLPackDType(DType dtype) {
   }
 }
 
+namespace {
+
+// numpy 2's NPY_MAXDIMS: a tensor of more dimensions (which a file may hold, and a device buffer)
+// has no numpy array; said as ferry's error, not as nanobind's export failure.
+constexpr size_t kNumpyMaxDims = 64;
+
+void CheckNumpyRank(size_t rank, std::string_view what) {
+  if (rank <= kNumpyMaxDims) return;
+  throw StatusError{InvalidArgumentError(fmt::format(
+      "{} has {} dimensions, and a numpy array has at most {}", what, rank, kNumpyMaxDims))};
+}
+
+}  // namespace
+
 nb::object ToNumpy(HostTensor tensor) {
+  CheckNumpyRank(tensor.dims().size(), "the tensor read back");
   auto* owned = new HostTensor(std::move(tensor));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostTensor*>(p); });
   std::vector<size_t> shape(owned->dims().begin(), owned->dims().end());
@@ -41,6 +57,7 @@ nb::object ReadOnlyNumpyView(std::shared_ptr<const TensorSource> source) {
 
 nb::object ReadOnlyNumpyView(const HostView& view, std::shared_ptr<const void> owner,
                              std::string_view name) {
+  CheckNumpyRank(view.dims.size(), fmt::format("tensor '{}'", name));
   const int64_t element_size = view.element_size();
   std::vector<size_t> shape(view.dims.begin(), view.dims.end());
   std::vector<int64_t> strides;  // numpy's, through DLPack: in elements

@@ -34,11 +34,11 @@ namespace {
 // tensor of the file that `names`, `patterns` and `exclude` select (TensorSelector; all when they
 // are empty) as a read-only numpy view of its source; the others are never read. Opening
 // (mapping, parsing, and decoding compressed or big-endian tensors) runs without the GIL.
-nb::tuple LoadFile(const std::string& path, std::vector<std::string> names,
+nb::tuple LoadFile(const nb::bytes& path, std::vector<std::string> names,
                    std::vector<std::string> patterns, std::vector<std::string> exclude) {
   ApiScope api;
-  const TensorFile file =
-      OpenSelectedTensors(path, std::move(names), std::move(patterns), std::move(exclude));
+  const TensorFile file = OpenSelectedTensors(PathFromBytes(path), std::move(names),
+                                              std::move(patterns), std::move(exclude));
   nb::list entries;
   for (const TensorFileEntry& entry : file.tensors()) {
     const std::string dtype_name(DTypeName(entry.source->view().dtype));
@@ -49,6 +49,8 @@ nb::tuple LoadFile(const std::string& path, std::vector<std::string> names,
 }
 
 }  // namespace
+
+std::string PathFromBytes(const nb::bytes& path) { return std::string(path.c_str(), path.size()); }
 
 TensorFile OpenSelectedTensors(const std::string& path, std::vector<std::string> names,
                                std::vector<std::string> patterns,
@@ -85,11 +87,12 @@ namespace {
 // Writes `objects` (buffer-protocol objects or DLPack producers, read through their own strides)
 // as `names` in `format`. The objects are held until the write is done; the write runs without
 // the GIL.
-void SaveFile(const std::string& path, const std::string& format,
+void SaveFile(const nb::bytes& path_bytes, const std::string& format,
               const std::vector<std::string>& names, const std::vector<nb::object>& objects,
               const std::vector<std::optional<std::string>>& dtype_overrides,
               const std::map<std::string, std::string>& metadata, bool compressed) {
   ApiScope api;
+  const std::string path = PathFromBytes(path_bytes);
   if (format != "safetensors" && format != "npy" && format != "npz") {
     throw StatusError{InvalidArgumentError(
         fmt::format("format must be 'safetensors', 'npy' or 'npz', not '{}'", format))};

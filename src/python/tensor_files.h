@@ -11,6 +11,10 @@
 
 namespace ferry::python {
 
+// A path as Python's os.fsencode gives it (the file system's bytes: a name that is not UTF-8
+// stays the name it is).
+std::string PathFromBytes(const nanobind::bytes& path);
+
 // Opens `path` with the tensors `names`, `patterns` and `exclude` select (TensorSelector; all
 // when they are empty), without the GIL; raises the ferry error (a message that is not UTF-8
 // escaped) on failure, or NotFound for a name or pattern that matched nothing.

@@ -265,13 +265,23 @@ StatusOr<ShardedDataPtr> MakeArrayFromShards(
   for (size_t i = 0; i < indices.size(); ++i) {
     if (!sharding.mesh().devices()[i]->is_addressable()) continue;  // another process's shard
     const std::shared_ptr<const TensorSource>& shard = per_device_sources[i];
-    if (shard == nullptr) return InvalidArgumentError(fmt::format("shard {} is null", i));
+    const std::string device_name(sharding.mesh().devices()[i]->name());
+    if (shard == nullptr) {
+      return InvalidArgumentError(fmt::format(
+          "shard {} (for {}, a device of this process) is missing: give an array for every "
+          "device this process addresses (None only for other processes' devices)",
+          i, device_name));
+    }
     Dims expected;
     for (const DimRange& range : indices[i]) expected.push_back(range.size());
     if (shard->view().dims != expected) {
+      // A source named for its position says nothing more; another name (a file's tensor) does.
+      const std::string named = shard->name() == fmt::format("shard {}", i)
+                                    ? std::string()
+                                    : fmt::format(" ('{}')", shard->name());
       return InvalidArgumentError(
-          fmt::format("shard {} ('{}') has dims [{}] but its index needs [{}]", i, shard->name(),
-                      fmt::join(shard->view().dims, ", "), fmt::join(expected, ", ")));
+          fmt::format("shard {}{} for {} has dims [{}] but its index needs [{}]", i, named,
+                      device_name, fmt::join(shard->view().dims, ", "), fmt::join(expected, ", ")));
     }
     if (dtype.has_value() && shard->view().dtype != *dtype) {
       return InvalidArgumentError(fmt::format("shard {} is {} but the array is {}", i,

@@ -2,6 +2,7 @@
 early reads, pickling, numpy's copy protocol, sharded arrays that say so, every error code a
 ferry.Error, the version, docstrings, the typing files, and aligned host memory for zero-copy."""
 
+import collections
 import os
 import pathlib
 import pickle
@@ -283,10 +284,66 @@ def test_errors_name_sparse_and_meta_torch_tensors():
         ferry.device_put(torch.empty(3, device="meta"))
 
 
+def test_torch_parameters_that_require_grad_are_put_and_saved(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is in the test extras")
+    # Every weight of a torch model: an nn.Parameter with requires_grad, which DLPack refuses to
+    # export; ferry reads its memory (detached) as it reads any tensor's.
+    layer = torch.nn.Linear(3, 2)
+    expected = layer.weight.detach().numpy().copy()
+    np.testing.assert_array_equal(ferry.device_put(layer.weight).to_numpy(), expected)
+    tree = ferry.device_put(dict(layer.named_parameters()), device_dtype="bfloat16")
+    assert sorted(tree) == ["bias", "weight"]
+    np.testing.assert_array_equal(
+        tree["weight"].to_numpy().astype(np.float32),
+        torch.from_numpy(expected).to(torch.bfloat16).float().numpy())
+    ferry.save_file({"w": layer.weight}, tmp_path / "w.safetensors")
+    np.testing.assert_array_equal(ferry.load_file(tmp_path / "w.safetensors")["w"], expected)
+    assert layer.weight.requires_grad  # the caller's parameter is left as it was
+    with pytest.raises(ferry.InvalidArgumentError, match="meta torch tensor"):
+        ferry.device_put(torch.nn.Parameter(torch.empty(3, device="meta")))
+
+
+def test_pytrees_rebuild_defaultdicts_and_refuse_other_dict_subclasses_before_any_transfer():
+    tree = collections.defaultdict(list, {"w": np.arange(3.0), "b": [np.ones(2)]})
+    put = ferry.device_put(tree)
+    assert type(put) is collections.defaultdict and put.default_factory is list
+    np.testing.assert_array_equal(put["w"].to_numpy(), np.arange(3.0))
+    back = ferry.device_get(put)
+    assert type(back) is collections.defaultdict and back.default_factory is list
+    np.testing.assert_array_equal(back["b"][0], np.ones(2))
+    ordered = ferry.device_get(ferry.device_put(collections.OrderedDict(z=np.ones(1), a=np.ones(2))))
+    assert type(ordered) is collections.OrderedDict and list(ordered) == ["z", "a"]
+    before = ferry.metrics().get("TransferToDeviceTime.count", 0)
+    with pytest.raises(ferry.InvalidArgumentError, match="collections.Counter in the input"):
+        ferry.device_put(collections.Counter(a=1))
+    with pytest.raises(ferry.InvalidArgumentError, match="pass dict"):
+        ferry.device_put({"inner": collections.Counter(a=1), "w": np.ones(2)})
+    assert ferry.metrics().get("TransferToDeviceTime.count", 0) == before, "a transfer ran"
+
+
+def test_big_endian_bfloat16_is_put_by_value():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes is a dependency of ferry")
+    native = np.array([1, 2, -3.5, 0.15625], ml_dtypes.bfloat16)
+    swapped = native.astype(np.dtype(ml_dtypes.bfloat16).newbyteorder(">"))
+    assert swapped.tobytes() != native.tobytes()
+    got = ferry.device_put(swapped).to_numpy()
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(got.view(np.uint16), native.view(np.uint16))
+
+
+def test_a_device_dtype_in_either_byte_order_names_the_same_dtype():
+    # A device stores its own byte order: '>f4' asks for float32 as '<f4' does.
+    x = np.arange(4, dtype=np.float64)
+    for requested in (np.dtype(">f4"), ">f4", np.dtype("<f4")):
+        a = ferry.device_put(x, device_dtype=requested)
+        assert a.device_dtype == "float32", requested
+        np.testing.assert_array_equal(a.to_numpy(), x)
+
+
 def test_putting_a_deleted_ferry_array_says_it_is_deleted():
     a = ferry.device_put(np.ones(3))
     a.delete()
-    with pytest.raises(ferry.InvalidArgumentError, match="has been deleted"):
+    with pytest.raises(ferry.FailedPreconditionError, match="has been deleted"):
         ferry.device_put(a)
     with pytest.raises(ferry.InvalidArgumentError, match=r"unknown dtype 'bf16' \(ferry's dtypes: "):
         ferry.device_put(np.ones(3), device_dtype="bf16")
@@ -315,7 +372,7 @@ def test_errors_name_a_deleted_jax_array():
     jax = pytest.importorskip("jax", reason="jax is in the test extras")
     x = jax.numpy.arange(4.0)
     x.delete()
-    with pytest.raises(ferry.InvalidArgumentError, match="jax array has been deleted"):
+    with pytest.raises(ferry.FailedPreconditionError, match="jax array has been deleted"):
         ferry.device_put(x)
 
 

@@ -66,7 +66,8 @@ def test_device_put_of_a_pytree_mixes_copies_and_puts(device):
 def test_device_put_of_a_deleted_array_names_it(device):
     a = ferry.device_put(np.ones(2, np.float32), device)
     a.delete()
-    with pytest.raises(ferry.InvalidArgumentError, match="item 1: a ferry.Array that has been deleted"):
+    with pytest.raises(ferry.FailedPreconditionError,
+                       match="item 1: a ferry.Array that has been deleted"):
         ferry.device_put([np.ones(2), a], "host:1")
 
 

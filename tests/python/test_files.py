@@ -560,3 +560,33 @@ def test_big_endian_npy_goes_to_devices_swapped_on_the_way(rng, tmp_path, dtype,
     np.save(path, want)
     got = ferry.load_file(path, device)["big"].to_numpy()
     assert_same_bits(got, want.astype(np.dtype(dtype).newbyteorder("<")))
+
+
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_paths_that_are_not_utf8_are_opened_loaded_and_written(tmp_path, as_bytes):
+    # A name os.listdir gives back with surrogates (latin-1 bytes on a UTF-8 system), or as bytes.
+    raw = os.fsencode(tmp_path) + b"/lat\xe9.safetensors"
+    path = raw if as_bytes else os.fsdecode(raw)
+    expected = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ferry.save_file({"w": expected}, path)
+    assert os.path.exists(raw)
+    np.testing.assert_array_equal(ferry.open_file(path)["w"], expected)
+    np.testing.assert_array_equal(ferry.load_file(path)["w"], expected)
+    np.testing.assert_array_equal(ferry.load_file(path, "host:0")["w"].to_numpy(), expected)
+    with pytest.raises(ferry.NotFoundError, match=r"missing\\xe9\.npy"):  # escaped
+        ferry.open_file(os.fsdecode(os.fsencode(tmp_path) + b"/missing\xe9.npy"))
+
+
+def test_a_tensor_of_more_dimensions_than_numpy_has_is_a_ferry_error(tmp_path):
+    shape = [1] * 64 + [2]
+    header = json.dumps({"a": {"dtype": "F32", "shape": shape, "data_offsets": [0, 8]}}).encode()
+    path = tmp_path / "rank65.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + np.ones(2, np.float32).tobytes())
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match="rank65.safetensors:a' has 65 dimensions, and a numpy array has at most 64"):
+        ferry.open_file(path)
+    # On a device it is a tensor like any other; only its numpy view is refused, by ferry.
+    on_device = ferry.load_file(path, "host:0")["a"]
+    assert on_device.shape == tuple(shape)
+    with pytest.raises(ferry.InvalidArgumentError, match="has 65 dimensions"):
+        ferry.device_get(on_device)

@@ -75,8 +75,12 @@ def test_make_array_from_shards_and_callback():
     b = ferry.make_array_from_callback(x.shape, sharding, lambda index: seen.append(index) or x[index])
     assert seen == indices
     np.testing.assert_array_equal(b.to_numpy(), x)
-    with pytest.raises(ferry.InvalidArgumentError, match="shard 1"):
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"shard 1 for host:1 has dims \[3, 2\] but its index needs \[3, 5\]"):
         ferry.make_array_from_shards(x.shape, sharding, [x[indices[0]], x[:, :2]])
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"shard 1 \(for host:1, a device of this process\) is missing"):
+        ferry.make_array_from_shards(x.shape, sharding, [x[indices[0]], None])
 
 
 @st.composite
