@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import termios
+import unicodedata
 
 FERRY = sys.argv[1]
 ESCAPES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -64,6 +65,12 @@ def write_safetensors(path, names):
 
 
 failures = []
+
+
+def display_columns(text):
+    """The terminal columns of `text`: 2 for wide East Asian characters, 0 for combining marks."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
 
 
 def table_rows(lines):
@@ -171,6 +178,20 @@ with tempfile.TemporaryDirectory() as work:
     joined = "".join(lines)
     check("names alike: each shown whole (on lines of their own)",
           all(name in joined for name in alike) and lines.count("tensor") == 1, out)
+
+    # Names of wide (East Asian) and accented characters: the table counts terminal columns, not
+    # bytes, so its columns line up and its lines fit.
+    wide = ["权重.ü.weight", "ü" * 61 + ".bias", "层.0.注意力.查询.weight", "plain.weight"]
+    wide_file = os.path.join(work, "wide.safetensors")
+    write_safetensors(wide_file, wide)
+    rc, out = run_in_terminal(["put", wide_file], 80)
+    check("put of wide names exits 0", rc == 0, out)
+    lines = screen_lines(out)
+    too_wide = [line for line in lines if display_columns(line) > 80]
+    check("wide names: every line fits 80 terminal columns", not too_wide, out)
+    shape_columns = {display_columns(line[:line.index("[2,2]")]) for line in lines if "[2,2]" in line}
+    check("wide names: the shape column starts at one terminal column in every row",
+          len(shape_columns) == 1 and sum("[2,2]" in line for line in lines) == len(wide), out)
 
     # --wide: whole names, however long the lines.
     rc, out = run_in_terminal(["put", sample, named, "--wide"], 80)

@@ -1,40 +1,100 @@
 #include "tools/ferry/text_layout.h"
 
+#include <locale.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <cwchar>
 #include <numeric>
+#include <vector>
 
 namespace ferry::cli {
 namespace {
 
 bool IsUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
 
-// The longest prefix of `text` of at most `bytes` bytes that ends on a character boundary.
-std::string_view HeadOf(std::string_view text, size_t bytes) {
-  bytes = std::min(bytes, text.size());
-  while (bytes > 0 && bytes < text.size() && IsUtf8Continuation(text[bytes])) --bytes;
-  return text.substr(0, bytes);
+// The C.UTF-8 locale (glibc's own, always there), for wcwidth; null where it is missing.
+locale_t Utf8Locale() {
+  static const locale_t locale = newlocale(LC_CTYPE_MASK, "C.UTF-8", static_cast<locale_t>(0));
+  return locale;
 }
 
-// The longest suffix of `text` of at most `bytes` bytes that starts on a character boundary.
-std::string_view TailOf(std::string_view text, size_t bytes) {
-  bytes = std::min(bytes, text.size());
-  size_t begin = text.size() - bytes;
-  while (begin < text.size() && IsUtf8Continuation(text[begin])) ++begin;
+// One character at the start of non-empty `text`: its bytes, and the columns a terminal gives it
+// (wcwidth under C.UTF-8: 2 for wide East Asian characters, 0 for combining marks; 1 for ASCII,
+// for bytes that are not UTF-8 and wherever the locale has no answer).
+struct Character {
+  size_t bytes = 1;
+  int columns = 1;
+};
+
+Character NextCharacter(std::string_view text) {
+  Character character;
+  while (character.bytes < text.size() && IsUtf8Continuation(text[character.bytes])) {
+    ++character.bytes;
+  }
+  const locale_t locale = Utf8Locale();
+  if (static_cast<unsigned char>(text[0]) < 0x80 || locale == static_cast<locale_t>(0)) {
+    return character;
+  }
+  const locale_t previous = uselocale(locale);
+  std::mbstate_t state{};
+  wchar_t wide = 0;
+  if (std::mbrtowc(&wide, text.data(), character.bytes, &state) == character.bytes) {
+    if (const int columns = ::wcwidth(wide); columns >= 0) character.columns = columns;
+  }
+  uselocale(previous);
+  return character;
+}
+
+// The longest prefix of `text` at most `columns` wide, whole characters only.
+std::string_view HeadOf(std::string_view text, int columns) {
+  size_t end = 0;
+  int used = 0;
+  while (end < text.size()) {
+    const Character next = NextCharacter(text.substr(end));
+    if (used + next.columns > columns) break;
+    used += next.columns;
+    end += next.bytes;
+  }
+  return text.substr(0, end);
+}
+
+// The longest suffix of `text` at most `columns` wide, whole characters only.
+std::string_view TailOf(std::string_view text, int columns) {
+  std::vector<Character> characters;
+  for (size_t at = 0; at < text.size(); at += characters.back().bytes) {
+    characters.push_back(NextCharacter(text.substr(at)));
+  }
+  size_t begin = text.size();
+  int used = 0;
+  for (auto it = characters.rbegin(); it != characters.rend(); ++it) {
+    if (used + it->columns > columns) break;
+    used += it->columns;
+    begin -= it->bytes;
+  }
   return text.substr(begin);
 }
 
 std::string Pad(std::string_view text, int width, TextTable::Align align) {
-  const int padding = std::max(0, width - static_cast<int>(text.size()));
+  const int padding = std::max(0, width - DisplayWidth(text));
   return align == TextTable::Align::kLeft ? std::string(text) + std::string(padding, ' ')
                                           : std::string(padding, ' ') + std::string(text);
 }
 
 }  // namespace
+
+int DisplayWidth(std::string_view text) {
+  int columns = 0;
+  for (size_t at = 0; at < text.size();) {
+    const Character next = NextCharacter(text.substr(at));
+    columns += next.columns;
+    at += next.bytes;
+  }
+  return columns;
+}
 
 int OutputWidth(int fd) {
   int width = kDefaultWidth;
@@ -51,12 +111,12 @@ int OutputWidth(int fd) {
 }
 
 std::string ElideMiddle(std::string_view text, int width) {
-  if (static_cast<int>(text.size()) <= width) return std::string(text);
+  if (DisplayWidth(text) <= width) return std::string(text);
   constexpr std::string_view kEllipsis = "...";
   if (width <= static_cast<int>(kEllipsis.size())) return std::string(HeadOf(text, width));
-  const size_t kept = static_cast<size_t>(width) - kEllipsis.size();
+  const int kept = width - static_cast<int>(kEllipsis.size());
   // The tail gets the larger half: the end of a tensor name says what the tensor is.
-  const size_t head = kept / 2;
+  const int head = kept / 2;
   return std::string(HeadOf(text, head)) + std::string(kEllipsis) +
          std::string(TailOf(text, kept - head));
 }
@@ -72,8 +132,8 @@ std::vector<std::string> WrapText(std::string_view text, int width, int indent) 
         position, space == std::string_view::npos ? std::string_view::npos : space - position);
     position = space == std::string_view::npos ? text.size() : space + 1;
     if (word.empty()) continue;
-    const size_t separator = line.empty() || line.back() == ' ' ? 0 : 1;
-    if (!line.empty() && line.size() + separator + word.size() > static_cast<size_t>(width) &&
+    const int separator = line.empty() || line.back() == ' ' ? 0 : 1;
+    if (!line.empty() && DisplayWidth(line) + separator + DisplayWidth(word) > width &&
         line.find_first_not_of(' ') != std::string::npos) {
       lines.push_back(line);
       line = std::string(indent, ' ');
@@ -81,10 +141,11 @@ std::vector<std::string> WrapText(std::string_view text, int width, int indent) 
       line += ' ';
     }
     // A word wider than a whole line: as much as fits, then the rest on the next lines.
-    while (line.size() + word.size() > static_cast<size_t>(width)) {
-      const size_t room = static_cast<size_t>(width) - line.size();
+    while (DisplayWidth(line) + DisplayWidth(word) > width) {
+      const int room = width - DisplayWidth(line);
       std::string_view piece = HeadOf(word, room);
-      if (piece.empty()) piece = word.substr(0, std::max<size_t>(room, 1));
+      // Not even one character fits the room left (a wide one in one column): it goes whole.
+      if (piece.empty()) piece = word.substr(0, NextCharacter(word).bytes);
       line += piece;
       word.remove_prefix(piece.size());
       lines.push_back(line);
@@ -109,8 +170,8 @@ std::string TextTable::Render(int width) const {
   const size_t count = columns_.size();
   std::vector<int> widths(count);
   for (size_t c = 0; c < count; ++c) {
-    widths[c] = static_cast<int>(columns_[c].header.size());
-    for (const auto& row : rows_) widths[c] = std::max(widths[c], static_cast<int>(row[c].size()));
+    widths[c] = DisplayWidth(columns_[c].header);
+    for (const auto& row : rows_) widths[c] = std::max(widths[c], DisplayWidth(row[c]));
   }
   const auto total = [&] {
     return std::accumulate(widths.begin(), widths.end(), 0) + static_cast<int>(count) - 1;

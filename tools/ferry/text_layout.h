@@ -1,7 +1,7 @@
 // Laying out the `ferry` command's text for a terminal: the width to fit, wrapped paragraphs,
 // names shortened in the middle, tables whose widest columns give way, and a help formatter for
-// CLI11 that wraps descriptions. Widths are counted in bytes: a UTF-8 name (several bytes per
-// column) never comes out wider than counted. Nothing here keeps state; all of it is thread-safe.
+// CLI11 that wraps descriptions. Widths are counted in terminal columns (DisplayWidth), never
+// cutting a UTF-8 character in two. Nothing here keeps state; all of it is thread-safe.
 #pragma once
 
 #include <string>
@@ -19,12 +19,17 @@ inline constexpr int kDefaultWidth = 80;
 inline constexpr int kMinimumWidth = 40;
 int OutputWidth(int fd);
 
-// `text` if it is at most `width` bytes, else its head and tail around "..." in exactly `width`
-// bytes, never cutting a UTF-8 sequence in two (then a byte or two shorter). Tensor names keep
-// their informative ends: "model.layers.31.self_attn.q_proj.weight" -> "model.laye...proj.weight".
+// The columns `text` (UTF-8) takes on a terminal: wcwidth of each character under C.UTF-8 (a wide
+// East Asian character 2, a combining mark 0), 1 for ASCII and for bytes that are not UTF-8.
+int DisplayWidth(std::string_view text);
+
+// `text` if it is at most `width` columns wide, else its head and tail around "..." in exactly
+// `width` columns, whole characters only (then a column shorter where a wide one did not fit).
+// Tensor names keep their informative ends: "model.layers.31.self_attn.q_proj.weight" ->
+// "model.laye...proj.weight".
 std::string ElideMiddle(std::string_view text, int width);
 
-// `text` broken at spaces into lines of at most `width` bytes; lines after the first start with
+// `text` broken at spaces into lines of at most `width` columns; lines after the first start with
 // `indent` spaces. A word longer than a line is broken where it must be.
 std::vector<std::string> WrapText(std::string_view text, int width, int indent = 2);
 // The same lines joined with '\n' (no trailing newline).
@@ -45,7 +50,7 @@ class TextTable {
   explicit TextTable(std::vector<Column> columns) : columns_(std::move(columns)) {}
   // `cells` has one entry per column.
   void AddRow(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
-  // The header and every row, each line ending in '\n' and at most `width` bytes long (unless
+  // The header and every row, each line ending in '\n' and at most `width` columns wide (unless
   // even the minimum widths do not fit, which the callers' columns rule out at kMinimumWidth).
   std::string Render(int width) const;
 
