@@ -159,8 +159,17 @@ Status InitializeMpiWithin(double timeout) {
   }).detach();  // joined through `finished`, or never: it cannot be interrupted
 
   std::unique_lock<std::mutex> lock(attempt->mutex);
-  const bool finished = attempt->finished_cv.wait_for(lock, std::chrono::duration<double>(timeout),
-                                                      [&] { return attempt->finished; });
+  // A deadline as far as the clock can count (a timeout of 1e10 s would overflow its nanoseconds
+  // and lie in the past): any larger timeout waits that long, which is for ever.
+  const auto now = std::chrono::steady_clock::now();
+  const double room =
+      std::chrono::duration<double>(std::chrono::steady_clock::time_point::max() - now).count();
+  const auto deadline = timeout >= room
+                            ? std::chrono::steady_clock::time_point::max()
+                            : now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                        std::chrono::duration<double>(timeout));
+  const bool finished =
+      attempt->finished_cv.wait_until(lock, deadline, [&] { return attempt->finished; });
   if (!finished) {
     *stuck = absl::DeadlineExceededError(fmt::format(
         "{}: MPI start-up (MPI_Init_thread) did not finish within {:g} s "

@@ -83,6 +83,38 @@ expect_output "float32 stored as bfloat16" "lm_head.weight .*float32 -> bfloat16
 expect_output "a lossy tensor on its own line" "^differs (lossy conversion): lm_head.weight (float32 -> bfloat16)$" "$work/out" 1
 expect_output "the verdict counts them" "^verified: .* tensors' global checksums match the file; .* differ by the" "$work/out" 1
 fits "converted --verify: the report fits 80 columns" 80 "$work/out"
+# --json -: the JSON alone on stdout, the table on stderr (as a one-process put); a lossy
+# conversion makes verified_exact false, as there.
+check "converted --verify --json -" 0 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
+  --mesh all --device-dtype bfloat16 --verify --json -
+if python3 -c 'import json, sys; assert json.load(open(sys.argv[1]))["verified_exact"] is False' \
+  "$work/out"; then echo "ok: --json - is JSON alone, verified_exact false"; passes=$((passes + 1))
+else echo "FAIL: --json - with --mesh all"; head -5 "$work/out"; failures=$((failures + 1)); fi
+expect_output "--json -: the table on stderr" "^total: " "$work/err" 1
+# --device-dtype leaves float8 tensors as they are (storage-only), and one that applies to no
+# tensor is a note, or with --strict an error, as in a one-process put.
+python3 - "$work/f8.safetensors" <<'PY'
+import json, struct, sys
+header = json.dumps({"q": {"dtype": "F8_E4M3", "shape": [8, 8], "data_offsets": [0, 64]},
+                     "w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [64, 128]}}).encode()
+header += b" " * (-len(header) % 8)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<Q", len(header)) + header + bytes(range(64)) + struct.pack("<16f", *range(16)))
+PY
+check "float8 stays float8 under --device-dtype" 0 "$mpiexec" -n 2 "$ferry" put "$work/f8.safetensors" \
+  --mesh all --device-dtype bfloat16 --verify
+check "a float8 request on float32 tensors is a note" 0 "$mpiexec" -n 2 "$ferry" put \
+  "$work/s.safetensors" --mesh all --device-dtype float8_e5m2 --only 'lm_head*'
+expect_output "the note, once" "applies to no tensor here" "$work/err" 1
+check "--strict makes it an error" nonzero "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
+  --mesh all --device-dtype float8_e5m2 --only 'lm_head*' --strict
+expect_output "the error on every rank" "applies to no tensor here" "$work/err" 2
+check "--vs-memcpy with --mesh all is refused" 1 "$ferry" put "$work/s.safetensors" --mesh all \
+  --vs-memcpy
+check "--drop-page-cache needs --mesh all" 1 "$ferry" put "$work/s.safetensors" --drop-page-cache
+# A timeout beyond what the clock counts (1e10 s) waits, not fails at once.
+check "FERRY_DISTRIBUTED_TIMEOUT_S=1e10" 0 env FERRY_DISTRIBUTED_TIMEOUT_S=1e10 "$mpiexec" -n 2 \
+  "$ferry" put "$work/s.safetensors" --mesh all --only 'lm_head*'
 # A wider COLUMNS is used: long tensor names whole (shortened in the middle at 80 columns).
 check "COLUMNS=160" 0 env COLUMNS=160 "$mpiexec" -n 2 "$ferry" put "$work/s.safetensors" \
   --mesh all --shard-dim 1 --verify
@@ -114,6 +146,12 @@ expect_output "every rank names the difference" "the command line differs betwee
 expect_output "every rank names the field" "^first in --shard-dim:$" "$work/err" 2
 expect_output "rank 1's value shown" "^  rank 1: 1$" "$work/err" 2
 fits "the error fits 80 columns" 80 "$work/err"
+# --drop-page-cache on one rank only: named as a difference (before, the ranks' collectives went
+# out of step and rank 0 aborted on an empty result).
+check "--drop-page-cache differs between ranks" nonzero env FERRY_DISTRIBUTED_TIMEOUT_S=20 \
+  "$mpiexec" -n 1 "$ferry" put "$work/s.safetensors" --mesh all : \
+  -n 1 "$ferry" put "$work/s.safetensors" --mesh all --drop-page-cache
+expect_output "every rank names that field" "^first in --drop-page-cache:$" "$work/err" 2
 # Tensors that differ between the ranks' files: the first tensor that differs is named.
 python3 - "$work" <<'PY'
 import json, struct, sys

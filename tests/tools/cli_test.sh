@@ -132,6 +132,10 @@ check "--json naming an input is bad input" 1 "$ferry" put --json "$work/keep_li
 expect_output "the refusal names the input" "is the input file" "$work/err"
 if cmp -s "$work/keep.npy" "$work/big_i64.npy"; then echo "ok: the inputs are untouched"
   passes=$((passes + 1)); else echo "FAIL: --json overwrote an input"; failures=$((failures + 1)); fi
+# A size beyond int64 bytes is the parser's error, not an overflowed negative size.
+check "sample --size beyond 2^63 bytes is bad input" 1 "$ferry" sample "$work/huge.safetensors" \
+  --size 99999999999GiB
+expect_output "the size error says so" "is larger than 2^63 bytes" "$work/err"
 # .npz has no bfloat16: asked for it explicitly, sample refuses instead of writing float16.
 check "sample .npz --dtype bfloat16 is bad input" 1 "$ferry" sample "$work/bf16.npz" --size 1MiB \
   --dtype bfloat16

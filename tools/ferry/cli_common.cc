@@ -138,7 +138,11 @@ StatusOr<int64_t> ParseSize(std::string_view text) {
     return InvalidArgumentError(
         fmt::format("size '{}' is not a positive size like 64MiB, 1GiB or 100MB", text));
   }
-  return static_cast<int64_t>(number * unit_it->second);
+  const double bytes = number * unit_it->second;
+  if (!(bytes < 0x1p63)) {  // beyond int64 (and inf): no machine has that much
+    return InvalidArgumentError(fmt::format("size '{}' is larger than 2^63 bytes", text));
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 std::string FormatBytes(double bytes) {

@@ -369,7 +369,18 @@ int RunPut(const PutOptions& options) {
     job.only = options.only;
     job.exclude = options.exclude;
     job.wide = options.wide;
+    job.strict = options.strict;
+    if (options.vs_memcpy) {
+      return ReportError(
+          kCommand, InvalidArgumentError("--vs-memcpy times one process's copy of the files: it "
+                                         "is not available with --mesh all"));
+    }
     return RunPutOverAllDevices(job);
+  }
+  if (options.drop_page_cache) {
+    return ReportError(
+        kCommand, InvalidArgumentError("--drop-page-cache measures a job's reads: it needs --mesh "
+                                       "all"));
   }
   auto semantics = ParseSemantics(options.semantics);
   if (!semantics.ok()) return ReportError(kCommand, semantics.status());

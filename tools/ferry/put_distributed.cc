@@ -14,6 +14,7 @@
 #include "ferry/distributed/process_group.h"
 #include "ferry/io/tensor_file.h"
 #include "ferry/runtime/dtype_policy.h"
+#include "ferry/runtime/file_load.h"
 #include "ferry/runtime/sharding.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -167,18 +168,6 @@ StatusOr<std::vector<uint64_t>> LocalChecksums(const std::vector<JobTensor>& ten
   return sums;
 }
 
-// Whether --device-dtype `requested` applies to a tensor stored as `source` without
-// --device-dtype-all: when both are of one kind (bool, floating point or complex), all integers
-// counting as one kind.
-bool RequestApplies(DType requested, DType source) {
-  const auto integer = [](DTypeKind kind) {
-    return kind == DTypeKind::kSignedInt || kind == DTypeKind::kUnsignedInt;
-  };
-  const DTypeKind a = GetDTypeInfo(requested).kind;
-  const DTypeKind b = GetDTypeInfo(source).kind;
-  return a == b || (integer(a) && integer(b));
-}
-
 // What a rank can get wrong on its own (a flag's value, a backend that does not start here): every
 // rank finds it before anything moves, so that the ranks can agree on it.
 struct RankSetup {
@@ -208,10 +197,11 @@ std::string CommandLineText(const DistributedPutOptions& options) {
   }
   text += fmt::format(
       "backend: {}\n--shard-dim: {}\n--device-dtype: {}\n--device-dtype-all: {}\n"
-      "--semantics: {}\n--verify: {}\n--only: {}\n--exclude: {}",
+      "--semantics: {}\n--verify: {}\n--only: {}\n--exclude: {}\n--strict: {}\n"
+      "--drop-page-cache: {}",
       options.backend, options.shard_dim, options.device_dtype.empty() ? "-" : options.device_dtype,
       options.device_dtype_all, options.semantics, options.verify, fmt::join(options.only, " "),
-      fmt::join(options.exclude, " "));
+      fmt::join(options.exclude, " "), options.strict, options.drop_page_cache);
   return text;
 }
 
@@ -222,7 +212,7 @@ StatusOr<JobTensor> DescribeTensor(const TensorFileEntry& entry, std::optional<D
                                    const DeviceCapabilities& capabilities) {
   const HostView& view = entry.source->view();
   if (requested.has_value() && !options.device_dtype_all &&
-      !RequestApplies(*requested, view.dtype)) {
+      !RequestAppliesTo(*requested, view.dtype)) {
     requested.reset();
   }
   JobTensor tensor;
@@ -256,6 +246,27 @@ Status OpenJobFiles(const DistributedPutOptions& options, std::optional<DType> r
     files.push_back(std::move(file));
   }
   return selector.CheckEverythingMatched(FilesText(options.files));
+}
+
+// --device-dtype that converts no tensor: a note on stderr (from rank 0 only), or with --strict an
+// error, as in a one-process put.
+Status NoteRequestThatAppliesToNothing(const DistributedPutOptions& options,
+                                       std::optional<DType> requested,
+                                       const std::vector<JobTensor>& tensors, bool print) {
+  if (!requested.has_value() || options.device_dtype_all ||
+      std::any_of(tensors.begin(), tensors.end(),
+                  [&](const JobTensor& t) { return RequestAppliesTo(*requested, t.file_dtype); })) {
+    return OkStatus();
+  }
+  std::set<std::string_view> held;
+  for (const JobTensor& tensor : tensors) held.insert(DTypeName(tensor.file_dtype));
+  const std::string note = fmt::format(
+      "--device-dtype {} applies to no tensor here (they are {}): nothing is converted; "
+      "--device-dtype-all applies it to every tensor",
+      DTypeName(*requested), fmt::join(held, ", "));
+  if (options.strict) return InvalidArgumentError(note);
+  if (print) fmt::print(stderr, "ferry put: note: {}\n", note);
+  return OkStatus();
 }
 
 // A line per tensor, "name: dtype [dims]": the ranks agree on it, so that they put the same
@@ -447,9 +458,9 @@ StatusOr<int64_t> MeasureIsolatedReads(distributed::ProcessGroup& group,
 }
 
 // The job as rank 0 reports it; `ranks` holds every rank's RankJson, in rank order.
-JobSummary SummarizeJob(const DistributedPutOptions& options,
-                        const distributed::GlobalDevices& global, int processes,
-                        const std::vector<std::string>& ranks) {
+StatusOr<JobSummary> SummarizeJob(const DistributedPutOptions& options,
+                                  const distributed::GlobalDevices& global, int processes,
+                                  const std::vector<std::string>& ranks) {
   JobSummary job;
   job.verify = options.verify;
   job.shard_dim = options.shard_dim;
@@ -457,21 +468,36 @@ JobSummary SummarizeJob(const DistributedPutOptions& options,
   job.processes = processes;
   for (const Device* device : global.devices()) job.device_names.push_back(global.NameOf(device));
   job.ranks = nlohmann::json::array();
-  for (const std::string& text : ranks) {
-    job.ranks.push_back(nlohmann::json::parse(text));
-    job.seconds = std::max(job.seconds, job.ranks.back()["seconds"].get<double>());
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    nlohmann::json numbers =
+        nlohmann::json::parse(ranks[rank], nullptr, /*allow_exceptions=*/false);
+    if (!numbers.is_object() || !numbers.contains("seconds") || !numbers["seconds"].is_number()) {
+      return InternalError(fmt::format(
+          "rank {} sent no readable result ({} bytes): the ranks' calls went out of step", rank,
+          ranks[rank].size()));
+    }
+    job.seconds = std::max(job.seconds, numbers["seconds"].get<double>());
+    job.ranks.push_back(std::move(numbers));
   }
   return job;
 }
 
-// The table on stdout, and the JSON with --json.
+// The table on stdout, and the JSON with --json (with --json -, the JSON alone on stdout and the
+// table on stderr, as a one-process put does). "verified_exact" is true only when every tensor
+// came back exactly: a lossy conversion, which --verify accepts, is not exact.
 Status PrintJobReport(const std::vector<JobTensor>& tensors, const Verification& verification,
                       const JobSummary& job, const DistributedPutOptions& options) {
-  fmt::print("{}", FormatJobReport(tensors, verification.verdicts, job, options,
-                                   OutputWidth(STDOUT_FILENO)));
-  std::fflush(stdout);
+  std::FILE* report_stream = options.json_path == "-" ? stderr : stdout;
+  fmt::print(report_stream, "{}",
+             FormatJobReport(tensors, verification.verdicts, job, options,
+                             OutputWidth(fileno(report_stream))));
+  std::fflush(report_stream);
   if (options.json_path.empty()) return OkStatus();
-  return WriteJson(JobJson(tensors, verification.verdicts, job, options, verification.exact),
+  const bool every_tensor_exact =
+      verification.exact &&
+      std::none_of(verification.verdicts.begin(), verification.verdicts.end(),
+                   [](Verdict verdict) { return verdict == Verdict::kLossy; });
+  return WriteJson(JobJson(tensors, verification.verdicts, job, options, every_tensor_exact),
                    options.json_path);
 }
 
@@ -502,6 +528,9 @@ Status PutOverAllDevices(distributed::ProcessGroup& group, const DistributedPutO
   const Status opened =
       OpenJobFiles(options, setup->requested, mesh_devices.front()->capabilities(), files, tensors);
   FERRY_RETURN_IF_ERROR(distributed::AgreeOnStatus(group, opened, "opening the files"));
+  // Every rank holds the same tensors and options (agreed above): each finds the same answer.
+  FERRY_RETURN_IF_ERROR(
+      NoteRequestThatAppliesToNothing(options, setup->requested, tensors, group.rank() == 0));
   FERRY_RETURN_IF_ERROR(
       distributed::AgreeOnValue(group, TensorLayout(tensors), "the files' tensors"));
   const Status put = PutShards(tensors, files, mesh, options.shard_dim, setup->semantics);
@@ -528,7 +557,7 @@ Status PutOverAllDevices(distributed::ProcessGroup& group, const DistributedPutO
       const std::vector<std::string> ranks,
       group.AllGather(RankJson(group.rank(), numbers).dump(), "gathering the results"));
   if (group.rank() == 0) {
-    JobSummary job = SummarizeJob(options, *global, group.size(), ranks);
+    FERRY_ASSIGN_OR_RETURN(JobSummary job, SummarizeJob(options, *global, group.size(), ranks));
     job.total_bytes = TotalTensorBytes(tensors);
     job.resident_after = resident_after;
     FERRY_RETURN_IF_ERROR(PrintJobReport(tensors, verification, job, options));

@@ -24,7 +24,8 @@ struct DistributedPutOptions {
   // --only / --exclude: glob patterns of the tensors to put and to leave out (TensorSelector).
   std::vector<std::string> only;
   std::vector<std::string> exclude;
-  bool wide = false;  // --wide: whole tensor names in the report
+  bool wide = false;    // --wide: whole tensor names in the report
+  bool strict = false;  // --strict: a --device-dtype that applies to no tensor is an error
 };
 
 int RunPutOverAllDevices(const DistributedPutOptions& options);
