@@ -45,7 +45,6 @@ __all__ = [
     "AbortedError",
     "AlreadyExistsError",
     "CancelledError",
-    "DeadlineExceededError",
     "DataLossError",
     "DeadlineExceededError",
     "FailedPreconditionError",

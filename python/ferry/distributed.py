@@ -47,6 +47,7 @@ def shutdown() -> None:
 
 
 def is_initialized() -> bool:
+    """Whether this process has joined a job with `initialize()` (and not shut it down since)."""
     return _initialized
 
 

@@ -980,11 +980,17 @@ void DefineDeviceClass(nb::module_& m) {
                    "platform, kind, memories and path); empty where the name says it all")
       .def_prop_ro("memory_limit",
                    [](const Device& d) { return d.capabilities().memory_limit_bytes; })
-      .def_prop_ro("bytes_in_use", &Device::bytes_in_use)
+      .def_prop_ro("bytes_in_use",
+                   [](const Device& d) {
+                     // A forked child's copy of its parent's device counts the parent's arrays.
+                     if (d.is_addressable()) CheckDeviceUsable(&d);
+                     return d.bytes_in_use();
+                   })
       .def(
           "memory_stats",
           [](const Device& d) -> std::optional<nb::dict> {
             if (!d.is_addressable()) return std::nullopt;
+            CheckDeviceUsable(&d);
             const DeviceMemoryStats stats = d.memory_stats();
             nb::dict out;
             out["source"] = std::string(DeviceMemoryStatsSourceName(stats.source));

@@ -16,6 +16,11 @@ def test_every_public_name_is_there_and_reports_the_ferry_module():
             assert value.__module__ == expected, f"ferry.{name} reports {value.__module__}"
 
 
+def test_public_names_are_listed_once():
+    duplicates = sorted({name for name in ferry.__all__ if ferry.__all__.count(name) > 1})
+    assert not duplicates, duplicates
+
+
 def test_the_helpers_module_cc_calls_by_name_are_in_the_package():
     # src/python/module.cc defines Array's Python-side methods by looking ferry._array_* up at
     # call time (PythonHelper): a name lost in a move would fail only when that method is called.
