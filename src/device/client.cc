@@ -166,10 +166,15 @@ StatusOr<std::unique_ptr<Buffer>> Buffer::CopyToDevice(Device* target) {
                    return;
                  }
                  Future<> written = writer->Write(0, staging->data(), writer->size_bytes());
-                 // The write holds the staging tensor until the device has taken its bytes.
-                 written.OnReady([writer, staging, what = std::move(what)](const Status& status) {
-                   if (!status.ok()) AbortCopy(*writer, status, what);
-                 });
+                 // The write holds the staging tensor until the device has taken its bytes. Its
+                 // completion (a plugin's event thread) hands the last reference to the writer
+                 // over to the background executor: a writer is never destroyed on a plugin's
+                 // thread (a PJRT transfer manager destroyed inside its own callback, or the last
+                 // reference to a PJRT client let go there).
+                 written.OnReady(BackgroundExecutor(),
+                                 [writer, staging, what = std::move(what)](const Status& status) {
+                                   if (!status.ok()) AbortCopy(*writer, status, what);
+                                 });
                });
   return copy;
 }

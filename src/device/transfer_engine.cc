@@ -27,15 +27,13 @@ Status TransferEngine::Submit(CopyConvertPlan plan, OnComplete on_complete) {
   const int64_t row = job->plan.row_elements();
   if (row <= chunk_elements) chunk_elements -= chunk_elements % row;
   job->chunk_elements = chunk_elements;
-  job->num_chunks = total == 0 ? 0 : (total + chunk_elements - 1) / chunk_elements;
+  // An empty plan is one empty chunk: its completion runs on a worker like any other, never on
+  // the submitting thread (which may hold what the completion takes: a lock, the GIL).
+  job->num_chunks = std::max<int64_t>(1, (total + chunk_elements - 1) / chunk_elements);
   {
     MutexLock lock(mutex_);
     if (stopping_) return FailedPreconditionError("the host transfer engine has shut down");
-    if (job->num_chunks > 0) queue_.push_back(job);
-  }
-  if (job->num_chunks == 0) {
-    std::move(job->on_complete)(OkStatus());
-    return OkStatus();
+    queue_.push_back(job);
   }
   // Wake as many workers as there are chunks to run.
   if (job->num_chunks == 1) {

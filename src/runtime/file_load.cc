@@ -176,7 +176,8 @@ class FileLoad {
   Status AwaitWindow(size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const FileLoadResult& result = results_[i];
-      FERRY_RETURN_IF_ERROR(result.sharded ? AwaitReady(result.sharded->shards())
+      // This process's shards only: those of another process's devices are null here.
+      FERRY_RETURN_IF_ERROR(result.sharded ? AwaitReady(result.sharded->addressable_shards())
                                            : AwaitReady({result.data}));
       done_bytes_ += BytesOf(tensors_[i]);
       if (options_.progress) options_.progress(done_bytes_);
@@ -190,8 +191,13 @@ class FileLoad {
       const FileLoadTensor& tensor = tensors_[i];
       const FileLoadResult& result = results_[i];
       if (!StoredInMapping(tensor) || result.read_in_place) continue;
-      const DataPtr& first = result.sharded ? result.sharded->shards().front() : result.data;
-      if (first->buffer().is_alias()) continue;
+      // Not where a device array of this process aliases the pages.
+      const std::vector<DataPtr> held =
+          result.sharded ? result.sharded->addressable_shards() : std::vector<DataPtr>{result.data};
+      if (std::any_of(held.begin(), held.end(),
+                      [](const DataPtr& data) { return data->buffer().is_alias(); })) {
+        continue;
+      }
       tensor.file->ReleasePages(tensor.entry->file_offset, BytesOf(tensor));
     }
   }

@@ -120,9 +120,11 @@ StatusOr<std::vector<ShardIndex>> Sharding::ShardIndices(
           ways *= mesh_.shape()[axis];
         }
       }
-      const int64_t chunk = (n + ways - 1) / ways;
-      const int64_t begin = std::min(shard * chunk, n);
-      index[dim] = DimRange{begin, std::min(begin + chunk, n)};
+      // ceil(n / ways), and each bound clamped to n, without overflow for n near 2^63.
+      const int64_t chunk = n / ways + (n % ways != 0 ? 1 : 0);
+      int64_t begin = 0;
+      if (__builtin_mul_overflow(shard, chunk, &begin) || begin > n) begin = n;
+      index[dim] = DimRange{begin, begin + std::min(chunk, n - begin)};
     }
     indices.push_back(std::move(index));
   }

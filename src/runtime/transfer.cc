@@ -128,9 +128,11 @@ StatusOr<std::unique_ptr<Buffer>> PutIntoMemorySpace(const HostView& view, DType
       if (Status status = write.Await(); written.ok()) written = status;
     }
   }
-  if (!written.ok()) writer->Abort(written);
+  if (!written.ok()) {
+    writer->Abort(written);
+    return written;  // on_done is dropped, not called: the call failed (client.h)
+  }
   if (on_done) std::move(on_done)();
-  FERRY_RETURN_IF_ERROR(written);
   return buffer;
 }
 
@@ -408,7 +410,11 @@ StatusOr<std::vector<DataPtr>> CopyToDevice(absl::Span<const DataPtr> data, Devi
 
 Status AwaitReady(absl::Span<const DataPtr> data) {
   Status first_error;
-  for (const DataPtr& handle : data) {
+  for (size_t i = 0; i < data.size(); ++i) {
+    const DataPtr& handle = data[i];
+    if (handle == nullptr) {  // another process's shard, say: nothing here to wait for
+      return InvalidArgumentError(fmt::format("AwaitReady: data handle {} is null", i));
+    }
     const Status& status = handle->Ready().Await();
     if (!status.ok() && first_error.ok()) {
       first_error = Status(status.code(), fmt::format("tensor '{}': {}", handle->name(),

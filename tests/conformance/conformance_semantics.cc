@@ -80,6 +80,9 @@ std::vector<SourceCase> CopyingCases() {
       {"converted f64->f32", DType::kF64, DType::kF32, {40, 33}},
       {"large dense s8", DType::kS8, DType::kS8, {3 << 20}},
       {"large converted f32->bf16", DType::kF32, DType::kBF16, {512, 1024}},
+      // Nothing to copy: on_done still runs as the semantics say (on a runtime thread for the
+      // asynchronous ones), never inside the call.
+      {"empty f32", DType::kF32, DType::kF32, {0, 7}},
   };
 }
 

@@ -567,13 +567,25 @@ TEST(PjrtTest, FailedReadyEventIsTheBuffersError) {
                                         HostBufferSemantics::kImmutableUntilTransferCompletes,
                                         HostBufferSemantics::kImmutableZeroCopy}) {
     SCOPED_TRACE(HostBufferSemanticsName(semantics));
-    StatusOr<std::unique_ptr<Buffer>> buffer =
-        client->BufferFromHostBuffer(HostView::Dense(source, DType::kF32, {64}), DType::kF32,
-                                     client->devices()[0], semantics, nullptr, "unready");
+    auto on_done_calls = std::make_shared<std::atomic<int>>(0);
+    StatusOr<std::unique_ptr<Buffer>> buffer = client->BufferFromHostBuffer(
+        HostView::Dense(source, DType::kF32, {64}), DType::kF32, client->devices()[0], semantics,
+        [on_done_calls] { on_done_calls->fetch_add(1); }, "unready");
     const Status status = buffer.ok() ? (*buffer)->Ready().Await() : buffer.status();
     EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr(FailingReadyEvent::kMessage));
     EXPECT_THAT(std::string(status.message()), HasSubstr("unready"));
+    if (!buffer.ok()) {
+      // client.h: a call that fails does not call on_done (the source is the caller's again).
+      EXPECT_EQ(on_done_calls->load(), 0) << "on_done ran for a call that failed";
+    } else {
+      buffer->reset();  // an asynchronous put returned: on_done runs exactly once, whatever the end
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (on_done_calls->load() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(on_done_calls->load(), 1);
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
 #include "ferry/device/registry.h"
+#include "ferry/runtime/transfer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -111,6 +112,24 @@ TEST_F(ShardingTest, UnevenDimsGiveSmallerOrEmptyTrailingShards) {
   EXPECT_EQ(ten, (std::vector<ShardIndex>{{{0, 3}}, {{3, 6}}, {{6, 9}}, {{9, 10}}}));
   auto five = sharding.ShardIndices({5}).value();
   EXPECT_EQ(five, (std::vector<ShardIndex>{{{0, 2}}, {{2, 4}}, {{4, 5}}, {{5, 5}}}));
+}
+
+TEST_F(ShardingTest, DimsNear2To63GiveInRangeShards) {
+  // ceil(n / ways) and shard * chunk overflowed int64 for n near 2^63: negative ranges.
+  Mesh mesh = Mesh::Create(Devices(4), {4}, {"x"}).value();
+  Sharding sharding = Sharding::Create(mesh, {{"x"}}).value();
+  const int64_t n = INT64_MAX;
+  const int64_t chunk = n / 4 + 1;
+  auto indices = sharding.ShardIndices({n}).value();
+  EXPECT_EQ(indices,
+            (std::vector<ShardIndex>{
+                {{0, chunk}}, {{chunk, 2 * chunk}}, {{2 * chunk, 3 * chunk}}, {{3 * chunk, n}}}));
+}
+
+TEST_F(ShardingTest, AwaitReadyRefusesANullHandle) {
+  // ShardedData::shards() holds null for another process's shards: AwaitReady says so.
+  const Status status = AwaitReady({nullptr});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
 }
 
 TEST_F(ShardingTest, UnnamedMeshAxesReplicate) {

@@ -127,7 +127,9 @@ Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
 // a client is gone. All or nothing, as TransferToDevice.
 StatusOr<std::vector<DataPtr>> CopyToDevice(absl::Span<const DataPtr> data, Device* target);
 
-// Waits until every handle is ready; the first error if any failed.
+// Waits until every handle is ready; the first error if any failed. InvalidArgument for a null
+// handle (ShardedData::shards() holds null for other processes' shards: pass
+// addressable_shards()).
 Status AwaitReady(absl::Span<const DataPtr> data);
 
 }  // namespace ferry

@@ -77,12 +77,15 @@ Future<> HostBuffer::CopyOutOnceReady(CopyConvertPlan plan, int64_t bytes, std::
   // The read holds the memory (an allocation, or an alias and so its on_done) until it is over.
   ready_.OnReady([promise, plan = std::move(plan), engine = engine_, allocation = allocation_,
                   small, what = std::string(what)](const Status& ready) mutable {
+    // Every way out lets go of the memory before the read's future completes (device.h).
     if (!ready.ok()) {
+      allocation.reset();
       promise.Set(ready);
       return;
     }
     std::shared_ptr<TransferEngine> running = engine.lock();
     if (!running) {
+      allocation.reset();
       promise.Set(FailedPreconditionError(
           fmt::format("{}: the buffer's host client has been destroyed", what)));
       return;

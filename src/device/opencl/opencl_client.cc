@@ -9,6 +9,7 @@
 #include "ferry/core/metrics.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
+#include "src/core/background_executor.h"
 #include "src/device/opencl/opencl_status.h"
 
 namespace ferry::opencl {
@@ -438,8 +439,20 @@ StatusOr<std::unique_ptr<Buffer>> OpenClClient::BufferFromHostBuffer(
   const Future<> enqueued_now = Future<>::Ready(OkStatus());
 
   if (num_elements == 0) {
-    if (on_done) std::move(on_done)();
-    ready.Set(OkStatus());
+    // Nothing to copy, and still the semantics' thread: the caller's for kImmutableOnlyDuringCall,
+    // else a runtime thread, never inside this call (the caller may hold what on_done takes).
+    auto finish = [on_done = std::move(on_done), ready, token = std::move(token)]() mutable {
+      if (on_done) {  // the callback object (and what it keeps alive) goes before Ready()
+        OnDoneWithHostBuffer release = std::move(on_done);
+        std::move(release)();
+      }
+      ready.Set(OkStatus());
+    };
+    if (semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+      std::move(finish)();
+    } else {
+      BackgroundExecutor().Execute(std::move(finish));
+    }
     return make_buffer(enqueued_now);
   }
   (src.dtype == device_dtype ? metrics::DirectTransfers() : metrics::ConvertedTransfers())->Add();

@@ -565,11 +565,13 @@ PluginPutEvents TakePutEvents(const PjrtRuntime& runtime,
 Status AwaitPluginPut(const PJRT_Api& api, PluginPutEvents events, OnDoneWithHostBuffer on_done,
                       std::string_view tensor_name) {
   Status read = AwaitEvent(api, events.done_with_host_buffer, "done_with_host_buffer");
-  if (on_done) std::move(on_done)();
-  return !read.ok() ? (DestroyEvent(api, events.ready), read)
-         : !events.ready_status.ok()
-             ? events.ready_status
-             : AwaitEvent(api, events.ready, fmt::format("tensor '{}'", tensor_name));
+  Status result = !read.ok() ? (DestroyEvent(api, events.ready), read)
+                  : !events.ready_status.ok()
+                      ? events.ready_status
+                      : AwaitEvent(api, events.ready, fmt::format("tensor '{}'", tensor_name));
+  // A call that fails does not call on_done (client.h): it is dropped, its source the caller's.
+  if (result.ok() && on_done) std::move(on_done)();
+  return result;
 }
 
 // An aliasing put: on_done runs when the plugin lets go of the memory, at PJRT_Buffer_Destroy
@@ -946,11 +948,14 @@ StatusOr<std::unique_ptr<Buffer>> PjrtClient::PutStaged(const HostView& src, DTy
     return result;
   };
   // Runs once every chunk has been taken by the plugin (or the fill failed).
-  auto finish = [released, on_done = std::move(on_done),
+  // A put that fails inside the call (kImmutableOnlyDuringCall) drops on_done without calling it
+  // (client.h); an asynchronous one has returned, and runs it whatever the outcome.
+  const bool failure_fails_the_call = semantics == HostBufferSemantics::kImmutableOnlyDuringCall;
+  auto finish = [released, on_done = std::move(on_done), failure_fails_the_call,
                  token = std::move(token)](Status status) mutable {
     if (on_done) {
       OnDoneWithHostBuffer release = std::move(on_done);
-      std::move(release)();
+      if (status.ok() || !failure_fails_the_call) std::move(release)();
     }
     released.Set(std::move(status));
     token.Release();
