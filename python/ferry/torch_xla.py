@@ -24,15 +24,18 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
     """A torch_xla tensor on torch_xla's default device holding `tensor`'s values (a torch tensor
     of any strides, or anything ferry.device_put takes), stored as `dtype` if given (ferry's
     conversion rules, docs/conversions.md), made without torch_xla's contiguous copy."""
-    import torch_xla  # noqa: F401  (torch_xla's runtime must be up before from_dlpack)
+    import torch_xla  # its runtime up before from_dlpack
     from torch_xla.utils import dlpack as xla_dlpack
 
-    import torch_xla.runtime as xr
+    import torch_xla.core.xla_model as xm
 
-    platform = xr.device_type()
-    if platform not in ("CPU", "LIBRARY"):
+    # The hardware of the default device, as its PJRT platform says ("CPU" for the built-in CPU
+    # client and for any plugin over the CPU platform, ferry's included, however it was
+    # registered: PJRT_DEVICE=CPU, LIBRARY or a plugin's own name).
+    hardware = xm.xla_device_hw(torch_xla.device())
+    if hardware != "CPU":
         raise ferry.UnimplementedError(
-            f"to_xla: torch_xla's device memory on {platform} is not host memory, which "
+            f"to_xla: torch_xla's device memory on {hardware} is not host memory, which "
             "torch_xla's from_dlpack needs; use tensor.to(device)")
     array = ferry.device_put(tensor, "host:0", device_dtype=dtype)
     try:

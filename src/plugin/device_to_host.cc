@@ -25,10 +25,14 @@ struct ReadableBuffer {
   Dims dims;
 };
 
-void ReleaseHold(const PJRT_Api& api, PJRT_Buffer* buffer) {
+// Lets go of the external reference Readable took, and ends that use of the caller's handle
+// (which destroys it if the caller destroyed it meanwhile: WrappedPlugin::BeginUse).
+void ReleaseHold(WrappedPlugin& plugin, PJRT_Buffer* buffer) {
+  const PJRT_Api& api = plugin.wrapped();
   auto release = FERRY_PJRT_ARGS(PJRT_Buffer_DecreaseExternalReferenceCount_Args);
   release.buffer = buffer;
   TakeError(api, api.PJRT_Buffer_DecreaseExternalReferenceCount(&release)).IgnoreError();
+  plugin.EndUse(buffer);
 }
 
 // The buffer's element type and dims, where ferry knows the type; nullopt else.
@@ -55,7 +59,7 @@ Status CheckDestinationSize(size_t dst_size, int64_t size_bytes) {
 
 // The buffer's memory when ferry may read it itself, with an external reference held on it (the
 // caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read.
-std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer* buffer) {
+std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffer) {
   const pjrt::PjrtLibrary& library = plugin.library();
   if (!FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu) ||
       !FERRY_PJRT_HAS(library, PJRT_Buffer_GetMemoryLayout) ||
@@ -82,16 +86,18 @@ std::optional<ReadableBuffer> Readable(const WrappedPlugin& plugin, PJRT_Buffer*
     return std::nullopt;
   }
   // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
-  // does for DLPack or numpy), whatever another thread does to the buffer meanwhile.
+  // does for DLPack or numpy), whatever another thread does to the buffer meanwhile; it lives in
+  // the caller's handle, whose PJRT_Buffer_Destroy ferry defers until the read is over (BeginUse).
   auto hold = FERRY_PJRT_ARGS(PJRT_Buffer_IncreaseExternalReferenceCount_Args);
   hold.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_IncreaseExternalReferenceCount(&hold)).ok()) {
     return std::nullopt;
   }
+  plugin.BeginUse(buffer);
   auto pointer = FERRY_PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
   pointer.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&pointer)).ok()) {
-    ReleaseHold(api, buffer);
+    ReleaseHold(plugin, buffer);
     return std::nullopt;
   }
   // Written by ferry's workers after a put that returned before them (host_to_device.cc), and
@@ -117,7 +123,7 @@ void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan p
                            HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, nullptr);
     if (submitted.ok()) {
       submitted->OnReady([plugin, buffer, copied](const Status& status) {
-        ReleaseHold(plugin->wrapped(), buffer);
+        ReleaseHold(*plugin, buffer);
         copied.Set(status);
       });
       return;
@@ -126,7 +132,7 @@ void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan p
   } else if (ready.ok() && size_bytes > 0) {
     plan.CopyAll();
   }
-  ReleaseHold(plugin->wrapped(), buffer);
+  ReleaseHold(*plugin, buffer);
   copied.Set(std::move(ready));
 }
 
@@ -153,19 +159,19 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (Status fits = CheckDestinationSize(dst_size, size_bytes); !fits.ok()) {
-    ReleaseHold(api, buffer);
+    ReleaseHold(plugin, buffer);
     return fits;
   }
   StatusOr<CopyConvertPlan> plan =
       CopyConvertPlan::Create(src, MutableHostView::Dense(dst, source.dtype, source.dims));
   if (!plan.ok()) {
-    ReleaseHold(api, buffer);
+    ReleaseHold(plugin, buffer);
     return plan.status();
   }
   auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
   ready.buffer = buffer;
   if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) {
-    ReleaseHold(api, buffer);
+    ReleaseHold(plugin, buffer);
     return std::nullopt;
   }
   CountTransferPath(TransferPath::kReadByFerry);
@@ -179,7 +185,7 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
             ? StatusOr<Future<>>(Future<>::Ready(OkStatus()))
             : WriteThroughEngine(plugin.engine(), *std::move(plan),
                                  HostBufferSemantics::kImmutableOnlyDuringCall, nullptr, nullptr);
-    ReleaseHold(api, buffer);
+    ReleaseHold(plugin, buffer);
     return copied;
   }
   // A buffer still being computed or filled: the read starts when the plugin completes it.
@@ -235,14 +241,27 @@ std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future
   }
   Promise<> read;
   args->event = MakeEvent(read.future());
+  // The read uses the caller's handle after the call returns: a Destroy meanwhile waits for it.
+  plugin.BeginUse(args->src);
   fulfilled.OnReady(
       plugin.fulfilments(), [plugin = &plugin, later = *args, read](const Status&) mutable {
-        ReadNow(*plugin, later).OnReady([read](const Status& status) { read.Set(status); });
+        ReadNow(*plugin, later).OnReady([plugin, buffer = later.src, read](const Status& status) {
+          plugin->EndUse(buffer);
+          read.Set(status);
+        });
       });
   return nullptr;
 }
 
 }  // namespace
+
+PJRT_Error* BufferDestroy(PJRT_Buffer_Destroy_Args* args) {
+  if (args == nullptr) return MakeError(InvalidArgumentError("Buffer_Destroy: null args"));
+  StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
+  if (!plugin.ok()) return MakeError(plugin.status());
+  if (args->buffer != nullptr && (*plugin)->DeferDestroy(args->buffer)) return nullptr;
+  return (*plugin)->wrapped().PJRT_Buffer_Destroy(args);
+}
 
 PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   if (args == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null args"));
@@ -262,7 +281,7 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
   // untiled: what torch_xla always passes); any other is the plugin's to lay out.
   if (args->host_layout != nullptr &&
       !pjrt::IsRowMajorUntiled(*args->host_layout, source->dims.size())) {
-    ReleaseHold(api, args->src);
+    ReleaseHold(**plugin, args->src);
     return ByPlugin(api, args);
   }
   std::optional<StatusOr<Future<>>> started =

@@ -27,4 +27,8 @@ namespace ferry::plugin {
 
 PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args);
 
+// ferry's PJRT_Buffer_Destroy: the wrapped plugin's, deferred while ferry's reads still use the
+// buffer (WrappedPlugin::BeginUse), as PJRT lets a caller destroy a buffer with reads in flight.
+PJRT_Error* BufferDestroy(PJRT_Buffer_Destroy_Args* args);
+
 }  // namespace ferry::plugin

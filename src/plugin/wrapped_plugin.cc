@@ -127,6 +127,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Plugin_Initialize, &InitializeAlreadyDone);
   FERRY_REPLACE(table, PJRT_Client_BufferFromHostBuffer, &BufferFromHostBuffer);
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
+  FERRY_REPLACE(table, PJRT_Buffer_Destroy, &BufferDestroy);
   FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
   plugin->table_ = table;
   plugin->workers_.store(new ProcessWorkers(internal::ForkGeneration(), NumCopyWorkers()),
@@ -134,6 +135,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   plugin->memory_ = std::make_shared<MemoryAccount>(std::nullopt);
   internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->mutex_);
   internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->pending_mutex_);
+  internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->use_mutex_);
   return plugin;
 }
 
@@ -178,6 +180,36 @@ std::optional<Future<>> WrappedPlugin::PendingPut(PJRT_Buffer* buffer) const {
   auto entry = pending_puts_.find(buffer);
   if (entry == pending_puts_.end()) return std::nullopt;
   return entry->second.fulfilled;
+}
+
+void WrappedPlugin::BeginUse(PJRT_Buffer* buffer) {
+  MutexLock lock(use_mutex_);
+  ++buffers_in_use_[buffer].uses;
+}
+
+void WrappedPlugin::EndUse(PJRT_Buffer* buffer) {
+  bool destroy = false;
+  {
+    MutexLock lock(use_mutex_);
+    auto it = buffers_in_use_.find(buffer);
+    if (it == buffers_in_use_.end()) return;  // unbalanced: nothing to end
+    if (--it->second.uses > 0) return;
+    destroy = it->second.destroy_deferred;
+    buffers_in_use_.erase(it);
+  }
+  if (destroy) {
+    auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+    args.buffer = buffer;
+    TakeError(wrapped(), wrapped().PJRT_Buffer_Destroy(&args)).IgnoreError();
+  }
+}
+
+bool WrappedPlugin::DeferDestroy(PJRT_Buffer* buffer) {
+  MutexLock lock(use_mutex_);
+  auto it = buffers_in_use_.find(buffer);
+  if (it == buffers_in_use_.end()) return false;
+  it->second.destroy_deferred = true;
+  return true;
 }
 
 bool WrappedPlugin::HostAddressable(PJRT_Client* client) {

@@ -11,7 +11,8 @@
 //   three error entries (plugin_errors.h), the five event entries (plugin_events.h: ferry's
 //   asynchronous reads return events of ferry's own), PJRT_Plugin_Initialize (the wrapped plugin is
 //   already initialised), PJRT_Client_BufferFromHostBuffer (host_to_device.h),
-//   PJRT_Buffer_ToHostBuffer (device_to_host.h) and PJRT_LoadedExecutable_Execute
+//   PJRT_Buffer_ToHostBuffer (device_to_host.h), PJRT_Buffer_Destroy (deferred while ferry's reads
+//   use the buffer: BeginUse) and PJRT_LoadedExecutable_Execute
 //   (version_bridge.h: an older framework's options, zero-extended). An entry the wrapped table
 //   lacks is never added.
 //
@@ -106,6 +107,18 @@ class WrappedPlugin {
   void RemovePendingPut(PJRT_Buffer* buffer, uint64_t id);
   std::optional<Future<>> PendingPut(PJRT_Buffer* buffer) const;
 
+  // The caller's buffers that ferry's reads still use after ToHostBuffer returned (an external
+  // reference held on them, or a read waiting for a put's fulfilment): PJRT lets the caller
+  // destroy a buffer with reads in flight ("the device memory will be freed when all async
+  // operations using the buffer have completed"), but the reference lives in the handle. So
+  // ferry's PJRT_Buffer_Destroy (BufferDestroy) defers the wrapped plugin's Destroy of a buffer
+  // in use until its last use ends. BeginUse before the call returns; EndUse once the read no
+  // longer touches the handle, which may then destroy it (on the calling thread).
+  void BeginUse(PJRT_Buffer* buffer);
+  void EndUse(PJRT_Buffer* buffer);
+  // True (and the Destroy is deferred to the last EndUse) while `buffer` is in use.
+  bool DeferDestroy(PJRT_Buffer* buffer);
+
   // True when buffers of `client` are host memory that ferry may write and read itself: the
   // platform is "cpu" and the wrapped plugin has PJRT_Client_CreateViewOfDeviceBuffer and
   // PJRT_Buffer_OpaqueDeviceMemoryDataPointer. Asked once per client.
@@ -136,6 +149,12 @@ class WrappedPlugin {
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends
   // only on the plugin, so a stale entry is still right.
   absl::flat_hash_map<PJRT_Client*, bool> host_addressable_ ABSL_GUARDED_BY(mutex_);
+  struct BufferUse {
+    int uses = 0;
+    bool destroy_deferred = false;
+  };
+  Mutex use_mutex_;
+  absl::flat_hash_map<PJRT_Buffer*, BufferUse> buffers_in_use_ ABSL_GUARDED_BY(use_mutex_);
   struct PendingPutEntry {
     uint64_t id;
     Future<> fulfilled;

@@ -170,6 +170,8 @@ TEST_F(FerryPjrtPluginTest,
       offsetof(PJRT_Api, PJRT_Event_Error), offsetof(PJRT_Api, PJRT_Event_Await),
       offsetof(PJRT_Api, PJRT_Event_OnReady), offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
       offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
+      // Deferred while ferry's reads use the buffer (WrappedPlugin::BeginUse).
+      offsetof(PJRT_Api, PJRT_Buffer_Destroy),
       // The version bridge (version_bridge.h).
       offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
   int same = 0;
@@ -485,6 +487,42 @@ TEST_F(FerryPjrtPluginTest, a_large_put_returns_before_ferry_has_written_it) {
 // put, whose write takes tens of milliseconds: before, a read called while the put was pending
 // returned only after the write (done_with_host_buffer complete) every time. A destination too
 // small is refused at once.
+// PJRT lets a caller destroy a buffer while a read of it is in flight (torch_xla's SPMD `.cpu()`
+// destroys its temporary replicated copy before waiting for the read): the read must still
+// complete with the buffer's bytes. Before, ferry's read went on with the destroyed handle (its
+// external reference gone with it): a use after free, seen as a crash in torch_xla.
+TEST_F(FerryPjrtPluginTest, a_buffer_destroyed_while_ferry_reads_it_is_read_whole) {
+  Client client(ferry());
+  constexpr int64_t kSide = 1024;  // 4 MiB of float32: ferry's copy, after the put's call
+  std::vector<float> source(kSide * kSide);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>(i % 4093) + 0.25f;
+  const std::vector<int64_t> dims = {kSide, kSide};
+  const std::vector<int64_t> transposed = {4, kSide * 4};
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
+    put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+    std::vector<float> out(source.size(), -1.0f);
+    auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    read.src = put.buffer;
+    read.dst = out.data();
+    read.dst_size = out.size() * sizeof(float);
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)), "");
+    auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+    destroy.buffer = put.buffer;  // at once, the read (and maybe the put) still running
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+    ASSERT_EQ(pjrt::AwaitEvent(ferry(), read.event, "read").ToString(), "OK");
+    ASSERT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+    bool exact = true;
+    for (int64_t r = 0; r < kSide && exact; ++r) {
+      for (int64_t c = 0; c < kSide && exact; ++c) {
+        exact = out[r * kSide + c] == source[c * kSide + r];
+      }
+    }
+    EXPECT_TRUE(exact) << "attempt " << attempt << ": the read is not the put's transpose";
+  }
+}
+
 TEST_F(FerryPjrtPluginTest, a_read_of_a_put_not_yet_written_returns_at_once) {
   if (!FERRY_PJRT_HAS(*Wrapped(), PJRT_Client_CreateAliasBuffer)) {
     GTEST_SKIP() << "the wrapped plugin has no PJRT_Client_CreateAliasBuffer (API before 0.76)";

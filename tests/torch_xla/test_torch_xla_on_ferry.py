@@ -180,3 +180,69 @@ def test_to_xla_converts_on_the_way(xla):
     on_xla = ferry_torch_xla.to_xla(source, dtype="float32")
     assert on_xla.dtype == torch.float32
     assert torch.equal(on_xla.cpu(), source.to(torch.float32))
+
+
+def _run_fresh(code: str, timeout: int = 240):
+    """`code` in a fresh interpreter of this venv (torch_xla reads its runtime settings once per
+    process): its completed process."""
+    import subprocess
+    import sys
+    import textwrap
+
+    env = dict(os.environ, FERRY_PJRT_WRAPPED_PLUGIN=WRAPPED)
+    for name in ("PJRT_DEVICE", "PJRT_LIBRARY_PATH"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+_REGISTER_AS_FERRY = f"""
+import os
+import torch, torch_xla
+from torch_xla.experimental import plugins
+class FerryPlugin(plugins.DevicePlugin):
+    def library_path(self):
+        return {PLUGIN!r}
+    def client_create_options(self):
+        return {{"cpu_device_count": 4}}
+plugins.register_plugin("FERRY", FerryPlugin())
+os.environ["PJRT_DEVICE"] = "FERRY"
+"""
+
+
+def test_spmd_reads_of_sharded_tensors_equal_cpu():
+    """torch_xla's SPMD `.cpu()` of a sharded tensor reads a temporary replicated copy and destroys
+    it before waiting for the read (which PJRT allows): ferry's plugin defers that Destroy until
+    its read is over. Before, the read went on with the destroyed handle: a segfault."""
+    result = _run_fresh(_REGISTER_AS_FERRY + """
+import numpy as np
+import torch_xla.runtime as xr, torch_xla.distributed.spmd as xs
+xr.use_spmd()
+mesh = xs.Mesh(np.arange(4), (2, 2), ("x", "y"))
+for n in (128, 1024):
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(n))
+    for step in range(4):
+        x = a.to("xla")
+        xs.mark_sharding(x, mesh, ("x", "y"))
+        y = x * 2
+        torch_xla.sync()
+        assert torch.equal(y.cpu(), a * 2), (n, step)
+print("spmd ok")
+""")
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "spmd ok" in result.stdout
+
+
+def test_to_xla_on_ferrys_plugin_registered_under_its_own_name():
+    """to_xla asks the device's hardware (CPU for any plugin over the CPU platform), not torch_xla's
+    device-type name: a plugin registered as "FERRY" is host memory too."""
+    pytest.importorskip("ferry.torch_xla", reason="ferry is not installed in torch_xla's venv")
+    result = _run_fresh(_REGISTER_AS_FERRY + """
+import ferry.torch_xla
+source = torch.arange(12.0).reshape(3, 4).t()
+on_xla = ferry.torch_xla.to_xla(source)
+assert torch.equal((on_xla * 2).cpu(), source * 2)
+print("to_xla ok")
+""")
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "to_xla ok" in result.stdout
