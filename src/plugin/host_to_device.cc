@@ -276,9 +276,11 @@ StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHo
     DestroyBuffer(api, pending->buffer);
     return written.status();
   }
-  // Reads of the buffer before its fulfilment start after it, off the caller's thread.
+  // Reads of the buffer before its fulfilment start after it, off the caller's thread. The
+  // fulfilment needs the client: its Destroy waits for it (WaitForClientWork).
   Promise<> fulfilled;
   const uint64_t pending_id = plugin.AddPendingPut(pending->buffer, fulfilled.future());
+  plugin.BeginClientWork();
   written->OnReady(
       plugin.fulfilments(), [&api, plugin = &plugin, pending = *pending, pending_id, fulfilled,
                              destination = std::move(destination)](const Status& status) {
@@ -289,6 +291,7 @@ StatusOr<bool> WriteAfterTheCall(WrappedPlugin& plugin, PJRT_Client_BufferFromHo
                status.ok() ? ViewOf(api, destination) : StatusOr<PJRT_Buffer*>(status));
         plugin->RemovePendingPut(pending.buffer, pending_id);
         fulfilled.Set(OkStatus());
+        plugin->EndClientWork();
       });
   args.buffer = pending->buffer;
   args.done_with_host_buffer = MakeEvent(*std::move(written));

@@ -91,6 +91,15 @@ void CountTransferPath(TransferPath path) {
 
 namespace {
 
+// ferry's PJRT_Client_Destroy: the wrapped plugin's, once ferry's work that still calls it after
+// a call returned (puts to fulfil, reads of the caller's buffers) is over.
+PJRT_Error* ClientDestroy(PJRT_Client_Destroy_Args* args) {
+  StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
+  if (!plugin.ok()) return MakeError(plugin.status());
+  (*plugin)->WaitForClientWork();
+  return (*plugin)->wrapped().PJRT_Client_Destroy(args);
+}
+
 // One copy worker per core.
 int NumCopyWorkers() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
@@ -128,6 +137,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Client_BufferFromHostBuffer, &BufferFromHostBuffer);
   FERRY_REPLACE(table, PJRT_Buffer_ToHostBuffer, &ToHostBuffer);
   FERRY_REPLACE(table, PJRT_Buffer_Destroy, &BufferDestroy);
+  FERRY_REPLACE(table, PJRT_Client_Destroy, &ClientDestroy);
   FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
   plugin->table_ = table;
   plugin->workers_.store(new ProcessWorkers(internal::ForkGeneration(), NumCopyWorkers()),
@@ -136,6 +146,7 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->mutex_);
   internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->pending_mutex_);
   internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->use_mutex_);
+  internal::RegisterForkLock(internal::ForkLockRank::kPluginState, plugin->work_mutex_);
   return plugin;
 }
 
@@ -182,7 +193,34 @@ std::optional<Future<>> WrappedPlugin::PendingPut(PJRT_Buffer* buffer) const {
   return entry->second.fulfilled;
 }
 
+void WrappedPlugin::ForgetWorkOfParent() {
+  // A forked child: the work counted was the parent's, whose threads are not here to end it.
+  if (const uint64_t generation = internal::ForkGeneration(); generation != work_generation_) {
+    work_generation_ = generation;
+    client_work_ = 0;
+  }
+}
+
+void WrappedPlugin::BeginClientWork() {
+  MutexLock lock(work_mutex_);
+  ForgetWorkOfParent();
+  ++client_work_;
+}
+
+void WrappedPlugin::EndClientWork() {
+  MutexLock lock(work_mutex_);
+  ForgetWorkOfParent();
+  if (client_work_ > 0 && --client_work_ == 0) work_done_.notify_all();
+}
+
+void WrappedPlugin::WaitForClientWork() {
+  MutexLock lock(work_mutex_);
+  ForgetWorkOfParent();
+  while (client_work_ > 0) lock.Wait(work_done_);
+}
+
 void WrappedPlugin::BeginUse(PJRT_Buffer* buffer) {
+  BeginClientWork();
   MutexLock lock(use_mutex_);
   ++buffers_in_use_[buffer].uses;
 }
@@ -193,15 +231,17 @@ void WrappedPlugin::EndUse(PJRT_Buffer* buffer) {
     MutexLock lock(use_mutex_);
     auto it = buffers_in_use_.find(buffer);
     if (it == buffers_in_use_.end()) return;  // unbalanced: nothing to end
-    if (--it->second.uses > 0) return;
-    destroy = it->second.destroy_deferred;
-    buffers_in_use_.erase(it);
+    if (--it->second.uses == 0) {
+      destroy = it->second.destroy_deferred;
+      buffers_in_use_.erase(it);
+    }
   }
   if (destroy) {
     auto args = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
     args.buffer = buffer;
     TakeError(wrapped(), wrapped().PJRT_Buffer_Destroy(&args)).IgnoreError();
   }
+  EndClientWork();  // after the deferred Destroy, which needs the client
 }
 
 bool WrappedPlugin::DeferDestroy(PJRT_Buffer* buffer) {

@@ -12,7 +12,8 @@
 //   asynchronous reads return events of ferry's own), PJRT_Plugin_Initialize (the wrapped plugin is
 //   already initialised), PJRT_Client_BufferFromHostBuffer (host_to_device.h),
 //   PJRT_Buffer_ToHostBuffer (device_to_host.h), PJRT_Buffer_Destroy (deferred while ferry's reads
-//   use the buffer: BeginUse) and PJRT_LoadedExecutable_Execute
+//   use the buffer: BeginUse), PJRT_Client_Destroy (after ferry's work for it:
+//   WaitForClientWork) and PJRT_LoadedExecutable_Execute
 //   (version_bridge.h: an older framework's options, zero-extended). An entry the wrapped table
 //   lacks is never added.
 //
@@ -27,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -119,6 +121,16 @@ class WrappedPlugin {
   // True (and the Destroy is deferred to the last EndUse) while `buffer` is in use.
   bool DeferDestroy(PJRT_Buffer* buffer);
 
+  // ferry's work that still calls the wrapped plugin after a call returned (a put to fulfil, a
+  // use of a caller's buffer: BeginUse), which needs the buffer's client: PJRT lets a caller
+  // destroy its buffers and then its client while that work runs. ferry's PJRT_Client_Destroy
+  // (ClientDestroy) first waits until none is left (it always ends: ferry's copies and the
+  // plugin's computations finish on their own). Never called from the fulfilment thread, which
+  // that work may need. Counted process-wide: a client's Destroy may wait for another's work.
+  void BeginClientWork();
+  void EndClientWork();
+  void WaitForClientWork();
+
   // True when buffers of `client` are host memory that ferry may write and read itself: the
   // platform is "cpu" and the wrapped plugin has PJRT_Client_CreateViewOfDeviceBuffer and
   // PJRT_Buffer_OpaqueDeviceMemoryDataPointer. Asked once per client.
@@ -149,6 +161,11 @@ class WrappedPlugin {
   // Client pointers may be reused by the plugin after PJRT_Client_Destroy; the answer depends
   // only on the plugin, so a stale entry is still right.
   absl::flat_hash_map<PJRT_Client*, bool> host_addressable_ ABSL_GUARDED_BY(mutex_);
+  Mutex work_mutex_;
+  std::condition_variable work_done_;
+  int64_t client_work_ ABSL_GUARDED_BY(work_mutex_) = 0;
+  uint64_t work_generation_ ABSL_GUARDED_BY(work_mutex_) = 0;  // ForkGeneration() it counts in
+  void ForgetWorkOfParent() ABSL_EXCLUSIVE_LOCKS_REQUIRED(work_mutex_);
   struct BufferUse {
     int uses = 0;
     bool destroy_deferred = false;

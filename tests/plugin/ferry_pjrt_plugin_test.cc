@@ -170,8 +170,9 @@ TEST_F(FerryPjrtPluginTest,
       offsetof(PJRT_Api, PJRT_Event_Error), offsetof(PJRT_Api, PJRT_Event_Await),
       offsetof(PJRT_Api, PJRT_Event_OnReady), offsetof(PJRT_Api, PJRT_Client_BufferFromHostBuffer),
       offsetof(PJRT_Api, PJRT_Buffer_ToHostBuffer),
-      // Deferred while ferry's reads use the buffer (WrappedPlugin::BeginUse).
-      offsetof(PJRT_Api, PJRT_Buffer_Destroy),
+      // Deferred while ferry's reads use the buffer (WrappedPlugin::BeginUse), and after ferry's
+      // work for a client (WrappedPlugin::WaitForClientWork).
+      offsetof(PJRT_Api, PJRT_Buffer_Destroy), offsetof(PJRT_Api, PJRT_Client_Destroy),
       // The version bridge (version_bridge.h).
       offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
   int same = 0;

@@ -430,3 +430,31 @@ print(json.dumps({"close": bool(np.allclose(got, np.tanh(a @ b) + 1, rtol=1e-5, 
         assert report["bridged"] == 0, report  # JAX's options are the plugin's own size
     else:
         assert report["bridged"] >= 1, report  # extended for the newer plugin
+
+
+CLIENT_GONE = r"""
+import gc, numpy as np
+import ferry.jax
+ferry.jax.register({wrapped!r}, priority=0)
+import jax
+from jax._src import xla_bridge
+source = np.ones((8192, 8192), np.float32)
+for i in range(3):
+    # 256 MiB through a transpose: ferry writes it after the call; the array (its buffer) and then
+    # the client are destroyed at once, which PJRT allows while the put is still being written.
+    a = jax.device_put(source.T, jax.devices("ferry")[0])
+    del a
+    jax.clear_caches()
+    xla_bridge._clear_backends()
+    gc.collect()
+print("survived")
+"""
+
+
+def test_a_client_destroyed_with_puts_in_flight_waits_for_them():
+    # Before: ferry's fulfilment thread called CreateViewOfDeviceBuffer on the destroyed client (a
+    # segfault on the second round, every run); ferry's PJRT_Client_Destroy now waits for it.
+    result = run_python(CLIENT_GONE.format(wrapped=WRAPPED), timeout=180,
+                        env={"JAX_PLATFORMS": "ferry"})
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "survived" in result.stdout
