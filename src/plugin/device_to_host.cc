@@ -200,18 +200,34 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
   return StatusOr<Future<>>(copied.future());
 }
 
-// The read of args->src into args->dst with no host layout (or the buffer's own row-major one),
-// by ferry where it can read the buffer, else by the plugin: its future. For a read that waited
-// for a put's fulfilment; runs on the fulfilment thread, which it never holds up with the copy.
-Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args) {
+// The read of args->src into args->dst (`args` a copy of the caller's, without its pointers into
+// the caller's memory: host_layout and extension_start null), in the row-major host layout when
+// `row_major_host_layout` (the caller asked for it), else in the buffer's own, by ferry where it
+// can read the buffer, else by the plugin: its future. For a read that waited for a put's
+// fulfilment; runs on the fulfilment thread, which it never holds up with the copy.
+Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args,
+                 bool row_major_host_layout) {
   const PJRT_Api& api = plugin.wrapped();
-  args.host_layout = nullptr;  // the row-major layout ferry gave the buffer when it made it
+  // ferry reads only row-major buffers (Readable), which is both layouts at once.
   if (std::optional<ReadableBuffer> source = Readable(plugin, args.src); source.has_value()) {
     std::optional<StatusOr<Future<>>> started =
         StartHeldRead(plugin, *source, args.src, args.dst, args.dst_size, /*copy_in_call=*/false);
     if (started.has_value()) {
       return started->ok() ? **started : Future<>::Ready(started->status());
     }
+  }
+  // The plugin's read: where the address now holds another buffer than ferry's pending one (it
+  // was destroyed, and the plugin reused the address), its layout may not be row-major, and the
+  // row-major layout the caller asked for is asked again (the caller's own struct is gone).
+  std::optional<pjrt::RowMajorLayout> row_major;
+  if (row_major_host_layout) {
+    std::optional<std::pair<DType, Dims>> shape = KnownTypeAndDims(api, args.src);
+    if (!shape.has_value()) {
+      return Future<>::Ready(
+          InternalError("ToHostBuffer: the buffer's element type or dims cannot be read"));
+    }
+    row_major.emplace(shape->second.size());
+    args.host_layout = row_major->get();
   }
   if (Status called = TakeError(api, ByPlugin(api, &args)); !called.ok()) {
     return Future<>::Ready(std::move(called));
@@ -243,13 +259,19 @@ std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future
   args->event = MakeEvent(read.future());
   // The read uses the caller's handle after the call returns: a Destroy meanwhile waits for it.
   plugin.BeginUse(args->src);
-  fulfilled.OnReady(
-      plugin.fulfilments(), [plugin = &plugin, later = *args, read](const Status&) mutable {
-        ReadNow(*plugin, later).OnReady([plugin, buffer = later.src, read](const Status& status) {
-          plugin->EndUse(buffer);
-          read.Set(status);
-        });
-      });
+  // What the read needs later, without pointers into the caller's memory (gone once it returns).
+  PJRT_Buffer_ToHostBuffer_Args later = *args;
+  const bool row_major_host_layout = later.host_layout != nullptr;  // checked row-major above
+  later.host_layout = nullptr;
+  later.extension_start = nullptr;
+  fulfilled.OnReady(plugin.fulfilments(),
+                    [plugin = &plugin, later, row_major_host_layout, read](const Status&) mutable {
+                      ReadNow(*plugin, later, row_major_host_layout)
+                          .OnReady([plugin, buffer = later.src, read](const Status& status) {
+                            plugin->EndUse(buffer);
+                            read.Set(status);
+                          });
+                    });
   return nullptr;
 }
 
@@ -274,6 +296,9 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     if (std::optional<PJRT_Error*> deferred = ReadOnceFulfilled(**plugin, *pending, args)) {
       return *deferred;
     }
+    // Another host layout (or a type ferry does not know): the plugin's read, which waits for
+    // the fulfilment itself; ferry does not touch a buffer that has no memory yet.
+    return ByPlugin(api, args);
   }
   std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
   if (!source.has_value()) return ByPlugin(api, args);
