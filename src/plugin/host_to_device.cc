@@ -44,10 +44,14 @@ int64_t RawValue(const Enum& field) {
 // Everything the XLA plugins crash on (../shared/REFERENCE.md), and what ferry itself needs to
 // read the source safely. Sets `num_elements`.
 Status Check(const PJRT_Client_BufferFromHostBuffer_Args& args, int64_t& num_elements) {
-  if (args.struct_size < PJRT_STRUCT_SIZE(PJRT_Client_BufferFromHostBuffer_Args, memory)) {
+  // The two outputs (done_with_host_buffer, buffer) are the struct's last fields, after fields
+  // that later headers inserted before them (memory, device_layout): a smaller struct has them
+  // elsewhere, and writing them here would write past it. The XLA plugins refuse it the same way.
+  if (args.struct_size < PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE) {
     return InvalidArgumentError(fmt::format(
-        "{}: args.struct_size {} is older than any caller ferry supports (a header before 0.40)",
-        kWhat, args.struct_size));
+        "{}: args.struct_size {} is smaller than the {} bytes of this header's struct, whose "
+        "outputs lie at its end: a caller built against an older header than ferry supports",
+        kWhat, args.struct_size, PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE));
   }
   if (args.client == nullptr) return InvalidArgumentError(fmt::format("{}: null client", kWhat));
   if (!IsKnownPjrtType(RawValue(args.type))) {

@@ -201,6 +201,9 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
   };
   std::vector<Case> cases;
   auto base = [&] { return client.PutArgs(data, PJRT_Buffer_Type_F32, dims, nullptr); };
+  // Outputs at the struct's end: a smaller struct would be written past (the plugin refuses it).
+  cases.push_back({"short struct", base(), "smaller than the"});
+  cases.back().args.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE - 8;
   cases.push_back({"null dims", base(), "dims is null"});
   cases.back().args.dims = nullptr;
   cases.push_back({"null data", base(), "data is null"});
