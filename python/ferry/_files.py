@@ -236,19 +236,27 @@ def _prefetched_windows(names: list[str], arrays: Mapping[str, np.ndarray]
     windows = [(window, _contiguous_ranges(arrays[name] for name in window))
                for window in _load_windows(names, arrays)]
 
-    def fault_in(ranges: list[tuple[int, int]]) -> None:
+    def fault_in(ranges: list[tuple[int, int]], views: Mapping[str, np.ndarray]) -> None:
+        # `views` keeps the mapping of `ranges` alive while its pages are read.
         for address, size in ranges:
             _ferry._prefetch_mapped_pages(address, size, threads)
 
     if windows:
-        fault_in(windows[0][1])
-    for index, window in enumerate(windows):
-        ahead = None
-        if index + 1 < len(windows):
-            ahead = threading.Thread(target=fault_in, args=(windows[index + 1][1],), daemon=True,
-                                     name="ferry-load-prefetch")
-            ahead.start()
-        yield window
+        fault_in(windows[0][1], arrays)
+    ahead = None
+    try:
+        for index, window in enumerate(windows):
+            if index + 1 < len(windows):
+                ahead = threading.Thread(target=fault_in, args=(windows[index + 1][1], arrays),
+                                         daemon=True, name="ferry-load-prefetch")
+                ahead.start()
+            yield window
+            if ahead is not None:
+                ahead.join()
+                ahead = None
+    finally:
+        # The caller's loop body raised (a sharding rule, Ctrl-C in a put): the look-ahead ends
+        # before the views of the file can go (before, it read pages of an unmapped file).
         if ahead is not None:
             ahead.join()
 

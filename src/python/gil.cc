@@ -128,9 +128,27 @@ void WaitInterruptibly(const Future<>& done) {
   }
 }
 
+namespace {
+
+// Whether the calling thread holds the GIL: its own thread state is the current one. Not
+// PyGILState_Check, which answers 1 on every thread once the process has made a subinterpreter
+// (CPython then turns its check off), so a copy worker would drop Python objects without the GIL.
+// A runtime thread has no thread state of its own: never.
+bool ThisThreadHoldsTheGil() {
+  PyThreadState* mine = PyGILState_GetThisThreadState();
+#if PY_VERSION_HEX >= 0x030D0000
+  PyThreadState* current = PyThreadState_GetUnchecked();
+#else
+  PyThreadState* current = _PyThreadState_UncheckedGet();
+#endif
+  return mine != nullptr && mine == current;
+}
+
+}  // namespace
+
 void ReleasePyHeld(PyHeld* held) {
   if (held == nullptr) return;
-  if (PyGILState_Check()) {
+  if (ThisThreadHoldsTheGil()) {
     delete held;
     return;
   }

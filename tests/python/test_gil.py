@@ -225,3 +225,40 @@ def test_a_small_widening_copy_put_releases_the_gil_while_it_waits_for_staging()
     result = run_python(code, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "completed" in result.stdout
+
+
+SUBINTERPRETER = r"""
+import threading, time
+import numpy as np
+import ferry
+import _xxsubinterpreters as subinterpreters
+subinterpreters.destroy(subinterpreters.create())  # CPython then turns PyGILState_Check off
+main = threading.get_ident()
+seen = []
+
+class Source(np.ndarray):
+    def __del__(self):
+        seen.append(threading.get_ident() == main)
+
+for i in range(4):
+    x = np.ones(16 << 20, dtype=np.uint8).view(Source)
+    a = ferry.device_put(x, "host:0", semantics="async")
+    del x  # the transfer holds the last reference: dropped when its copy is done
+    a.block_until_ready()
+    for _ in range(100):
+        if seen:
+            break
+        time.sleep(0.01)
+    del a
+print("on the main thread:", seen)
+"""
+
+
+def test_sources_are_released_under_the_gil_after_a_subinterpreter_existed():
+    # Before: ferry asked PyGILState_Check, which answers yes on every thread once a
+    # subinterpreter has existed, so a copy worker dropped the source without the GIL (an abort:
+    # "PyThreadState_Get: the function must be called with the GIL held").
+    pytest.importorskip("_xxsubinterpreters", reason="this Python has no subinterpreter module")
+    result = run_python(SUBINTERPRETER, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "on the main thread: [True, True, True, True]" in result.stdout, result.stdout

@@ -170,3 +170,37 @@ def test_bad_input_is_a_clear_error(result):
     assert "no entry for tensor" in errors["dict_gap"]
     assert "not both" in errors["both"]
     assert errors["no_file"].startswith("NotFoundError")
+
+
+RAISING_RULE = r"""
+import gc, os, threading, time
+import numpy as np
+import ferry, ferry.jax
+path = os.path.join({folder!r}, "two.safetensors")
+ferry.save_file({{"a": np.ones(4 << 20, np.float32), "b": np.ones(4 << 20, np.float32)}}, path)
+
+def rule(name, shape, dtype):
+    raise ValueError("no sharding for " + name)
+
+for i in range(6):
+    fd = os.open(path, os.O_RDONLY)  # cold pages: the look-ahead is still reading them
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    try:
+        ferry.jax.load_file(path, sharding=rule)
+    except ValueError:
+        pass
+    gc.collect()
+    running = [t for t in threading.enumerate() if t.name == "ferry-load-prefetch"]
+    assert not running, running
+print("survived")
+"""
+
+
+def test_a_loop_body_that_raises_stops_the_look_ahead_before_the_file_goes(tmp_path):
+    # Before: the next window's prefetch thread went on reading the file's pages after the
+    # exception had dropped the last view and unmapped it (a segfault; Ctrl-C in a put too).
+    result = run_python(RAISING_RULE.format(folder=str(tmp_path)), timeout=180,
+                        env={"FERRY_LOAD_WINDOW_BYTES": str(16 << 20)})
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "survived" in result.stdout
