@@ -40,8 +40,7 @@ TensorFileFormat DetectFormat(const MappedFile& file) {
   if (starts_with("PK\x03\x04") || starts_with("PK\x05\x06")) return TensorFileFormat::kNpz;
   constexpr int64_t kSafetensorsMinimumBytes = 8;  // the header's size, a little-endian u64
   if (file.size() < kSafetensorsMinimumBytes) {
-    if (HasExtension(file.display_name(), ".npy")) return TensorFileFormat::kNpy;
-    if (HasExtension(file.display_name(), ".npz")) return TensorFileFormat::kNpz;
+    return TensorFileFormatFromName(file.display_name()).value_or(TensorFileFormat::kSafetensors);
   }
   return TensorFileFormat::kSafetensors;
 }
@@ -105,6 +104,14 @@ std::string_view TensorFileFormatName(TensorFileFormat format) {
   return "unknown";
 }
 
+std::optional<TensorFileFormat> TensorFileFormatFromName(std::string_view name) {
+  for (const TensorFileFormat format :
+       {TensorFileFormat::kSafetensors, TensorFileFormat::kNpy, TensorFileFormat::kNpz}) {
+    if (HasExtension(name, fmt::format(".{}", TensorFileFormatName(format)))) return format;
+  }
+  return std::nullopt;
+}
+
 StatusOr<TensorFile> TensorFile::Open(const std::string& path, const TensorFileOptions& options) {
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> file, MappedFile::Open(path));
   return ParseTensorFile(std::move(file), options);
@@ -141,13 +148,13 @@ StatusOr<TensorFile> ParseTensorFile(std::shared_ptr<const MappedFile> file,
   if (!parsed.ok()) {
     // A file named .npy or .npz that does not start like one was read as safetensors (the format
     // without a magic): say so, or the safetensors error alone (a huge "header size") misleads.
-    const std::string& name = file->display_name();
+    const std::optional<TensorFileFormat> by_name = TensorFileFormatFromName(file->display_name());
     const char* named = nullptr;
-    if (HasExtension(name, ".npz")) {
+    if (by_name == TensorFileFormat::kNpz) {
       named =
           "an .npz archive, but it does not start like one (a zip file starts with \"PK\"; "
           "bytes before the archive are refused)";
-    } else if (HasExtension(name, ".npy")) {
+    } else if (by_name == TensorFileFormat::kNpy) {
       named = "an .npy file, but it does not start like one (with \"\\x93NUMPY\")";
     }
     if (!options.format.has_value() && format == TensorFileFormat::kSafetensors &&

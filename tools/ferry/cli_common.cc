@@ -10,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/str_split.h"
 #include "ferry/device/registry.h"
+#include "ferry/io/tensor_file.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 #include "src/io/utf8.h"
@@ -155,14 +157,25 @@ std::string FormatBytes(double bytes) {
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[unit]);
 }
 
+Status ReportRequestThatAppliesToNothing(DType requested, const std::vector<DType>& held,
+                                         bool strict, bool print) {
+  std::set<std::string_view> names;
+  for (DType dtype : held) names.insert(DTypeName(dtype));
+  const std::string note = fmt::format(
+      "--device-dtype {} applies to no tensor here (they are {}): nothing is converted; "
+      "--device-dtype-all applies it to every tensor",
+      DTypeName(requested), fmt::join(names, ", "));
+  if (strict) return InvalidArgumentError(note);
+  if (print) fmt::print(stderr, "ferry put: note: {}\n", note);
+  return OkStatus();
+}
+
 Status CheckOutputPath(const std::string& path, std::string_view option,
                        const std::vector<std::string>& inputs) {
   if (path == "-") return OkStatus();
   // A report is never a tensor file: a path named like one is a checkpoint that a mistyped
   // command line gave as the option's value (`put --json a.safetensors b.safetensors`).
-  std::string extension = std::filesystem::path(path).extension().string();
-  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (extension == ".safetensors" || extension == ".npy" || extension == ".npz") {
+  if (TensorFileFormatFromName(path).has_value()) {
     return InvalidArgumentError(fmt::format(
         "{} '{}' is named like a tensor file: {} writes a report there, not tensors (was it "
         "meant as an input? give {} its own path, or '-' for stdout)",

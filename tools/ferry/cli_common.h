@@ -75,6 +75,12 @@ Status WriteJson(const nlohmann::json& json, const std::string& path);
 // like a tensor file (.safetensors, .npy, .npz) or is one of `inputs` (the same file under any
 // name): `ferry put --json a.safetensors b.safetensors` must not write its report over a
 // checkpoint.
+// A --device-dtype `requested` that applies to no tensor of the put (whose file dtypes are
+// `held`) converts nothing: with `strict` that is InvalidArgument, else OK and a note on stderr
+// (when `print`: rank 0 of a job only), so that a put does not exit 0 silently.
+Status ReportRequestThatAppliesToNothing(DType requested, const std::vector<DType>& held,
+                                         bool strict, bool print = true);
+
 Status CheckOutputPath(const std::string& path, std::string_view option,
                        const std::vector<std::string>& inputs = {});
 

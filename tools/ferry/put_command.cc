@@ -8,7 +8,6 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -406,15 +405,12 @@ int RunPut(const PutOptions& options) {
   if (requested.has_value() &&
       std::none_of(tensors.begin(), tensors.end(),
                    [](const PutTensor& tensor) { return tensor.requested_dtype.has_value(); })) {
-    // A request that applies to no tensor converts nothing: say so rather than exit 0 silently.
-    std::set<std::string_view> held;
-    for (const PutTensor& tensor : tensors) held.insert(DTypeName(tensor.file_dtype()));
-    const std::string note = fmt::format(
-        "--device-dtype {} applies to no tensor here (they are {}): nothing is converted; "
-        "--device-dtype-all applies it to every tensor",
-        DTypeName(*requested), fmt::join(held, ", "));
-    if (options.strict) return ReportError(kCommand, InvalidArgumentError(note));
-    fmt::print(stderr, "ferry put: note: {}\n", note);
+    std::vector<DType> held;
+    for (const PutTensor& tensor : tensors) held.push_back(tensor.file_dtype());
+    if (Status noted = ReportRequestThatAppliesToNothing(*requested, held, options.strict);
+        !noted.ok()) {
+      return ReportError(kCommand, noted);
+    }
   }
 
   ProgressBar progress("put", summary.total_bytes);

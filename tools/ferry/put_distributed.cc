@@ -258,15 +258,9 @@ Status NoteRequestThatAppliesToNothing(const DistributedPutOptions& options,
                   [&](const JobTensor& t) { return RequestAppliesTo(*requested, t.file_dtype); })) {
     return OkStatus();
   }
-  std::set<std::string_view> held;
-  for (const JobTensor& tensor : tensors) held.insert(DTypeName(tensor.file_dtype));
-  const std::string note = fmt::format(
-      "--device-dtype {} applies to no tensor here (they are {}): nothing is converted; "
-      "--device-dtype-all applies it to every tensor",
-      DTypeName(*requested), fmt::join(held, ", "));
-  if (options.strict) return InvalidArgumentError(note);
-  if (print) fmt::print(stderr, "ferry put: note: {}\n", note);
-  return OkStatus();
+  std::vector<DType> held;
+  for (const JobTensor& tensor : tensors) held.push_back(tensor.file_dtype);
+  return ReportRequestThatAppliesToNothing(*requested, held, options.strict, print);
 }
 
 // A line per tensor, "name: dtype [dims]": the ranks agree on it, so that they put the same

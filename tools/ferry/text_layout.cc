@@ -125,6 +125,12 @@ std::vector<std::string> WrapText(std::string_view text, int width, int indent) 
   width = std::max(width, indent + 1);
   std::vector<std::string> lines;
   std::string line;
+  int line_width = 0;  // DisplayWidth(line), kept as the line grows
+  const auto start_next_line = [&] {
+    lines.push_back(line);
+    line = std::string(indent, ' ');
+    line_width = indent;
+  };
   size_t position = 0;
   while (position < text.size()) {
     const size_t space = text.find(' ', position);
@@ -132,26 +138,27 @@ std::vector<std::string> WrapText(std::string_view text, int width, int indent) 
         position, space == std::string_view::npos ? std::string_view::npos : space - position);
     position = space == std::string_view::npos ? text.size() : space + 1;
     if (word.empty()) continue;
+    int word_width = DisplayWidth(word);
     const int separator = line.empty() || line.back() == ' ' ? 0 : 1;
-    if (!line.empty() && DisplayWidth(line) + separator + DisplayWidth(word) > width &&
+    if (!line.empty() && line_width + separator + word_width > width &&
         line.find_first_not_of(' ') != std::string::npos) {
-      lines.push_back(line);
-      line = std::string(indent, ' ');
+      start_next_line();
     } else if (separator == 1) {
       line += ' ';
+      ++line_width;
     }
     // A word wider than a whole line: as much as fits, then the rest on the next lines.
-    while (DisplayWidth(line) + DisplayWidth(word) > width) {
-      const int room = width - DisplayWidth(line);
-      std::string_view piece = HeadOf(word, room);
+    while (line_width + word_width > width) {
+      std::string_view piece = HeadOf(word, width - line_width);
       // Not even one character fits the room left (a wide one in one column): it goes whole.
       if (piece.empty()) piece = word.substr(0, NextCharacter(word).bytes);
       line += piece;
       word.remove_prefix(piece.size());
-      lines.push_back(line);
-      line = std::string(indent, ' ');
+      word_width -= DisplayWidth(piece);
+      start_next_line();
     }
     line += word;
+    line_width += word_width;
   }
   if (line.find_first_not_of(' ') != std::string::npos || lines.empty()) lines.push_back(line);
   return lines;

@@ -41,6 +41,11 @@ enum class TensorFileFormat { kSafetensors, kNpy, kNpz };
 // "safetensors", "npy" or "npz".
 std::string_view TensorFileFormatName(TensorFileFormat format);
 
+// The format a file's name says: ".safetensors", ".npy" or ".npz" at its end (any case); nullopt
+// for any other name. Opening goes by the bytes (TensorFileOptions::format); the name only
+// explains a file that is too short to tell, or that does not start as its name says.
+std::optional<TensorFileFormat> TensorFileFormatFromName(std::string_view name);
+
 struct TensorFileOptions {
   // The format to parse the bytes as. Empty: detect it from the first bytes ("\x93NUMPY" is .npy,
   // "PK\x03\x04" or "PK\x05\x06" is .npz, anything else is safetensors, which has no magic).
