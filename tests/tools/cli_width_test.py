@@ -203,6 +203,12 @@ with tempfile.TemporaryDirectory() as work:
     check("put converted exits 0", rc == 0, out)
     check_fits("put with lossy conversions", out, 80)
 
+    # The note on a --device-dtype that applies to no tensor wraps as errors do.
+    rc, out = run_in_terminal(["put", sample, "--device-dtype", "complex64"], 80)
+    check("put with an unused --device-dtype exits 0", rc == 0, out)
+    check("the unused --device-dtype note is shown", "applies to no tensor" in out, out)
+    check_fits("put with an unused --device-dtype (its note)", out, 80)
+
     rc, out = run_in_terminal(["put", named, "--mesh", "host:0, host:1,host:2"], 80,
                               {"FERRY_HOST_DEVICES": "3"})
     check("put on a mesh exits 0", rc == 0, out)

@@ -166,7 +166,12 @@ Status ReportRequestThatAppliesToNothing(DType requested, const std::vector<DTyp
       "--device-dtype-all applies it to every tensor",
       DTypeName(requested), fmt::join(names, ", "));
   if (strict) return InvalidArgumentError(note);
-  if (print) fmt::print(stderr, "ferry put: note: {}\n", note);
+  if (print) {
+    // As ReportError lays out errors: wrapped on a terminal, one line for the programs reading it.
+    const std::string line = fmt::format("ferry put: note: {}", note);
+    fmt::print(stderr, "{}\n",
+               isatty(STDERR_FILENO) == 1 ? WrapToString(line, OutputWidth(STDERR_FILENO)) : line);
+  }
   return OkStatus();
 }
 
