@@ -64,6 +64,36 @@ def _array_bool(self: Array) -> bool:
     return bool(self.to_numpy())
 
 
+def _array_scalar(self: Array, convert: Any, what: str) -> Any:
+    """float(a), int(a), complex(a): the one element of a one-element array, converted as numpy
+    converts its scalar; TypeError for any other size (numpy's and JAX's rule)."""
+    if self.size != 1:
+        raise TypeError(f"only an array of one element converts to a Python {what}; this one has "
+                        f"{self.size}")
+    return convert(self.to_numpy().reshape(())[()])
+
+
+def _array_float(self: Array) -> float:
+    return _array_scalar(self, float, "float")
+
+
+def _array_int(self: Array) -> int:
+    return _array_scalar(self, int, "int")
+
+
+def _array_complex(self: Array) -> complex:
+    return _array_scalar(self, complex, "complex")
+
+
+def _array_index(self: Array) -> int:
+    """operator.index(a) (a[...] indices, range(a)): a 0-d array of an integer dtype only, as
+    numpy's rule (a float or a bool is no index)."""
+    if self.ndim != 0 or self.dtype.kind not in "iu":
+        raise TypeError("only a 0-d array of an integer dtype is an index; this one is "
+                        f"{self.dtype} of shape {self.shape}")
+    return int(self.to_numpy()[()])
+
+
 def _array_to_numpy(self: Array) -> np.ndarray:
     """The data as a new numpy array in the logical dtype (blocks without the GIL)."""
     return device_get(self)

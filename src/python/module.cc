@@ -1124,6 +1124,23 @@ void DefineArrayPythonMethods(nb::class_<Array>& array) {
           "__bool__", [](nb::handle self) { return PythonHelper("_array_bool")(self); },
           nb::sig("def __bool__(self) -> bool"),
           "numpy's rule: the truth of the one element; ValueError for any other size.")
+      .def(
+          "__float__", [](nb::handle self) { return PythonHelper("_array_float")(self); },
+          nb::sig("def __float__(self) -> float"),
+          "float(a): the one element of a one-element array; TypeError for any other size.")
+      .def(
+          "__int__", [](nb::handle self) { return PythonHelper("_array_int")(self); },
+          nb::sig("def __int__(self) -> int"),
+          "int(a): the one element of a one-element array (a float truncated, as numpy); "
+          "TypeError for any other size.")
+      .def(
+          "__complex__", [](nb::handle self) { return PythonHelper("_array_complex")(self); },
+          nb::sig("def __complex__(self) -> complex"),
+          "complex(a): the one element of a one-element array; TypeError for any other size.")
+      .def(
+          "__index__", [](nb::handle self) { return PythonHelper("_array_index")(self); },
+          nb::sig("def __index__(self) -> int"),
+          "operator.index(a): a 0-d array of an integer dtype; TypeError for any other.")
       .def_prop_ro(
           "dtype", [](nb::handle self) { return PythonHelper("_array_dtype")(self); },
           nb::sig("def dtype(self) -> numpy.dtype[typing.Any]"),

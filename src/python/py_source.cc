@@ -150,6 +150,34 @@ StatusOr<MutableHostView> WritableViewFromPython(nb::handle object,
   return view;
 }
 
+namespace {
+
+// A PyCapsule handed to a put: DLPack 0.x's "dltensor" is imported as it is. A DLPack 1.x
+// "dltensor_versioned" capsule, or a capsule whose tensor a consumer has taken already
+// ("used_dltensor...": its memory may be gone), is refused with what to pass instead.
+Status CheckImportableCapsule(nb::handle capsule, const std::string& name) {
+  const char* raw = PyCapsule_GetName(capsule.ptr());
+  if (raw == nullptr) PyErr_Clear();
+  const std::string_view capsule_name = raw != nullptr ? raw : "";
+  if (capsule_name == "dltensor") return OkStatus();
+  if (capsule_name.starts_with("used_")) {
+    return InvalidArgumentError(fmt::format(
+        "tensor '{}': a DLPack capsule whose tensor has been taken already (a capsule is "
+        "consumed once); pass the tensor itself, whose __dlpack__ ferry calls",
+        name));
+  }
+  if (capsule_name == "dltensor_versioned") {
+    return InvalidArgumentError(fmt::format(
+        "tensor '{}': a versioned DLPack capsule (DLPack 1.x, from __dlpack__(max_version=...)) "
+        "is not taken as a capsule; pass the tensor itself, whose __dlpack__ ferry calls",
+        name));
+  }
+  return InvalidArgumentError(fmt::format(
+      "tensor '{}': a PyCapsule named '{}' is not a DLPack tensor", name, capsule_name));
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object,
                                                                std::optional<DType> dtype_override,
                                                                std::string name, bool* read_only) {
@@ -175,6 +203,11 @@ StatusOr<std::shared_ptr<const TensorSource>> SourceFromPython(nb::handle object
     PyErr_Clear();  // e.g. a dtype the buffer protocol cannot express: try DLPack
   }
   // DLPack producers (torch tensors, JAX arrays), imported without a copy.
+  if (PyCapsule_CheckExact(object.ptr())) {
+    // nanobind imports a bare "dltensor" capsule (DLPack 0.x); a versioned one, or one a
+    // consumer has taken already, is refused here with what to pass instead.
+    FERRY_RETURN_IF_ERROR(CheckImportableCapsule(object, name));
+  }
   nb::ndarray<nb::ro, nb::device::cpu> array;
   if (!nb::try_cast(object, array)) {
     return InvalidArgumentError(

@@ -398,3 +398,28 @@ def test_bool_follows_numpys_rule():
             bool(np.asarray(values))
         with pytest.raises(ValueError, match="ambiguous"):
             bool(ferry.device_put(values))
+
+
+def test_float_int_complex_and_index_follow_numpys_rule(device):
+    # Before: float(a), int(a), operator.index(a) raised TypeError for every Array (no
+    # __float__/__int__/__complex__/__index__), unlike numpy's and JAX's arrays.
+    import operator
+
+    assert float(ferry.device_put(np.float32(2.5), device)) == 2.5
+    assert float(ferry.device_put(np.array([[1.25]]), device, device_dtype="bfloat16")) == 1.25
+    assert int(ferry.device_put(np.array([-2.75]), device)) == int(np.array([-2.75])[0]) == -2
+    assert int(ferry.device_put(np.int64(2**62 + 1), device)) == 2**62 + 1
+    assert complex(ferry.device_put(np.complex64(1 - 2j), device)) == 1 - 2j
+    index = ferry.device_put(np.array(3, dtype=np.int16), device)
+    assert operator.index(index) == 3
+    assert list(range(10))[index] == 3
+    for values in (np.zeros(2), np.zeros(0), np.ones((2, 1))):
+        with pytest.raises(TypeError, match="one element"):
+            float(ferry.device_put(values, device))
+        with pytest.raises(TypeError, match="one element"):
+            int(ferry.device_put(values, device))
+    for not_an_index in (np.array(3.0), np.array(True), np.array([3])):
+        with pytest.raises(TypeError):
+            operator.index(np.asarray(not_an_index))
+        with pytest.raises(TypeError, match="integer dtype is an index"):
+            operator.index(ferry.device_put(not_an_index, device))

@@ -102,3 +102,18 @@ def test_writable_memory_is_still_exported_without_a_copy():
     assert first.ctypes.data == second.ctypes.data  # both view the device memory
     assert capsule_flags(a.__dlpack__(max_version=(1, 0))) == 0
     np.testing.assert_array_equal(first, np.arange(1000))
+
+
+def test_capsules_other_than_dlpack_0_are_refused_with_what_to_pass():
+    # A bare DLPack 0.x capsule is imported as it is (nanobind's import).
+    np.testing.assert_array_equal(
+        ferry.device_get(ferry.device_put(torch.arange(4.0).__dlpack__())), np.arange(4.0))
+    # Before: a versioned capsule, or one a consumer had taken, was "neither a buffer nor a CPU
+    # DLPack tensor", which sent the user looking at the tensor rather than at the capsule.
+    versioned = torch.arange(4.0).__dlpack__(max_version=(1, 0))
+    with pytest.raises(ferry.InvalidArgumentError, match="versioned DLPack capsule.*tensor itself"):
+        ferry.from_dlpack(versioned)
+    taken = torch.arange(4.0).__dlpack__()
+    torch.from_dlpack(taken)
+    with pytest.raises(ferry.InvalidArgumentError, match="taken already"):
+        ferry.device_put(taken)
