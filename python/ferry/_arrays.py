@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _ferry
-from ._errors import Error
+from ._errors import Error, FailedPreconditionError
 from ._dtypes import _dtype_name, _NUMPY_DTYPES
 from ._sharding import Mesh, Shard, Sharding
 from ._inputs import _DLPACK_CPU
@@ -152,7 +152,13 @@ def _array_repr(self: Array) -> str:
 
 
 def _reduce_array(array: Array) -> tuple[Any, tuple[Any, ...]]:
-    """Array.__reduce__: through the host (the data as numpy), then put back where it was."""
+    """Array.__reduce__: through the host (the data as numpy), then put back where it was. An
+    array whose mesh holds other processes' devices is refused (as JAX refuses one that is not
+    fully addressable): the devices' names would name this process's devices once unpickled."""
+    if not array.is_fully_addressable:
+        raise FailedPreconditionError(
+            "cannot pickle a ferry.Array whose mesh holds other processes' devices; pickle "
+            "a.to_numpy() (a replicated array) or a.local_shards() instead")
     data = array.to_numpy()
     if array._is_sharded:
         sharding = array.sharding

@@ -101,13 +101,15 @@ def shard_along(mesh: Mesh, dim: int = 0, axes: str | Sequence[str] | None = Non
                 min_bytes: int = 0) -> Callable[[str, tuple[int, ...], np.dtype], Sharding]:
     """A load_file sharding rule: dim `dim` of every tensor split over the mesh axes `axes` (all of
     them by default, major to minor); tensors of lower rank, or smaller than `min_bytes`,
-    replicated over the mesh."""
+    replicated over the mesh. A negative `dim` counts from each tensor's last dim (-1: the last),
+    and a tensor with fewer than -dim dims is replicated."""
     split = list(mesh.axis_names) if axes is None else ([axes] if isinstance(axes, str) else list(axes))
 
     def rule(name: str, shape: tuple[int, ...], dtype: np.dtype) -> Sharding:
         spec: list[Any] = [None] * len(shape)
-        if dim < len(shape) and int(np.prod(shape)) * dtype.itemsize >= min_bytes:
-            spec[dim] = tuple(split)
+        at = dim + len(shape) if dim < 0 else dim
+        if 0 <= at < len(shape) and int(np.prod(shape)) * dtype.itemsize >= min_bytes:
+            spec[at] = tuple(split)
         return Sharding(mesh, spec)
 
     return rule
@@ -121,6 +123,10 @@ def _sharding_for(rule: Any, name: str, array: np.ndarray) -> Sharding:
     if isinstance(rule, Mapping):
         if name not in rule:
             raise InvalidArgumentError(f"load_file: the sharding dict has no entry for tensor '{name}'")
+        if not isinstance(rule[name], Sharding):
+            raise InvalidArgumentError(
+                f"load_file: the sharding dict's entry for '{name}' is {type(rule[name]).__name__}, "
+                "not a Sharding")
         return rule[name]
     if callable(rule):
         result = rule(name, tuple(array.shape), array.dtype)

@@ -193,9 +193,14 @@ def make_array_from_process_local_data(
     dim, the data of the distinct shard ranges this process's devices hold, in order (a dim that
     is not split, or split only within this process, is whole). Every process calls it with its
     own part. `global_shape` defaults to the local shape scaled by how many distinct ranges each
-    dim has globally versus here (it must divide evenly; pass it for uneven shapes)."""
+    dim has globally versus here (it must divide evenly; pass it for uneven shapes), which the
+    processes compare (InvalidArgumentError on every process when they differ); when every mesh
+    device is this process's, to the local shape."""
     local = np.asarray(local_data)
-    if global_shape is None:
+    inferred = global_shape is None
+    if inferred and all(d.is_addressable for d in sharding.mesh.devices):
+        global_shape = local.shape  # every shard is this process's: the local data is all of it
+    elif inferred:
         probe = [int(np.prod(sharding.mesh.shape))] * local.ndim  # every split divides it evenly
         all_ranges = [sorted({(i[d].start, i[d].stop) for i in sharding.shard_indices(probe)})
                       for d in range(local.ndim)]
@@ -211,6 +216,12 @@ def make_array_from_process_local_data(
                     f"not split evenly into this process's {len(here[d])} shard(s); pass "
                     "global_shape")
             global_shape.append(n // len(here[d]) * len(all_ranges[d]))
+        # Each process infers from its own part: uneven parts give each a different shape, and
+        # shards labelled with the wrong rows. Every process calls this, so they compare.
+        _ferry._agree_on_value(
+            f"global shape: {tuple(int(n) for n in global_shape)}",
+            "make_array_from_process_local_data: the global shape inferred from each process's "
+            "local data (pass global_shape for parts of uneven size)")
     global_shape = [int(n) for n in global_shape]
     if len(global_shape) != local.ndim:
         raise InvalidArgumentError(f"make_array_from_process_local_data: global_shape has rank "

@@ -319,10 +319,12 @@ class Array {
     return dims()[0];
   }
   Device* device() const { return data()->device(); }
+  // One device, or every mesh device in mesh order: other processes' too (as JAX's
+  // Array.devices()), which a shard list (handles()) leaves out.
   std::vector<Device*> devices() const {
-    std::vector<Device*> devices;
-    for (const DataPtr& handle : handles()) devices.push_back(handle->device());
-    return devices;
+    CheckAlive();
+    if (sharded_ != nullptr) return sharded_->sharding().mesh().devices();
+    return {data_->device()};
   }
   bool is_ready() const {
     for (const DataPtr& handle : handles()) {
@@ -344,11 +346,14 @@ class Array {
   void AppendReads(const MutableHostView& dst, std::string_view what, std::vector<DataPtr>* handles,
                    std::vector<MutableHostView>* views) const {
     CheckAlive();
-    if (!is_fully_addressable()) {
-      throw StatusError{FailedPreconditionError(
-          fmt::format("{}: the array has shards on other processes' devices; read this "
-                      "process's with local_shards()",
-                      what))};
+    if (sharded_ != nullptr) {
+      // Across processes the whole array reads here when every part has a replica here (a
+      // replicated tensor, or one split only within each process), as device_get(a) reads it.
+      if (Status here = CheckAssemblableHere(*sharded_); !here.ok()) {
+        throw StatusError{FailedPreconditionError(
+            fmt::format("{}: {}; read this process's part with local_shards()", what,
+                        std::string(here.message())))};
+      }
     }
     if (dst.dims != dims()) {
       throw StatusError{InvalidArgumentError(

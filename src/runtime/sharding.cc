@@ -338,10 +338,6 @@ StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data) {
   return shards;
 }
 
-namespace {
-
-// OK when every part of the tensor has a replica on this process's devices; else
-// FailedPrecondition naming the first part that lives only on another process's.
 Status CheckAssemblableHere(const ShardedData& data) {
   for (size_t i = 0; i < data.shards().size(); ++i) {
     if (data.shards()[i] != nullptr) continue;
@@ -363,6 +359,8 @@ Status CheckAssemblableHere(const ShardedData& data) {
   }
   return OkStatus();
 }
+
+namespace {
 
 // The shards to read to assemble the tensor here: for each distinct index, the first of this
 // process's shards that holds it (another process's shards are null; replicas are read once).

@@ -128,6 +128,27 @@ def case_load(directory):
     # Replicated over every device: fully addressable nowhere but readable everywhere.
     rep = ferry.load_file(path, sharding=ferry.Sharding(mesh2, [None, None]))["w_float64"]
     assert same_bits(ferry.device_get(rep), tensors["w_float64"])
+    # Every read path takes this process's replicas, as device_get(a) does (before: out= and
+    # copy_to_host_async refused any array with another process's devices in its mesh).
+    within = ferry.device_put(tensors["w_float64"], ferry.Sharding(mesh2, [None, "local"]))
+    for label, array in (("replicated", rep), ("split within each process", within)):
+        out = np.full_like(tensors["w_float64"], np.nan)
+        ferry.device_get(array, out=out)
+        assert same_bits(out, tensors["w_float64"]), label
+        array.copy_to_host_async()
+        assert same_bits(array.to_numpy(), tensors["w_float64"]), label
+        # devices: every mesh device, other processes' too (JAX's Array.devices()).
+        assert [d.global_name for d in array.devices] == [d.global_name for d in devices], label
+    if count > 1:
+        # Before: pickled with process-local names, unpickled onto this process's devices
+        # ("device p0/host:0 appears twice in the mesh").
+        import pickle
+        try:
+            pickle.dumps(rep)
+        except ferry.FailedPreconditionError as error:
+            assert "other processes' devices" in str(error), error
+        else:
+            raise AssertionError("pickling an array over other processes' devices did not raise")
 
     # make_array_from_callback: called only for this process's devices.
     calls = []
@@ -153,6 +174,16 @@ def case_load(directory):
     part = full[begin: min(begin + 4, full.shape[0])]
     local2 = ferry.make_array_from_process_local_data(s2, part, global_shape=full.shape)
     checked += check_shards("process-local uneven", local2, full)
+    if count > 1:
+        # Parts of uneven size without global_shape: each process inferred its own global shape
+        # (before: silently different arrays, shards labelled with the wrong rows); now compared.
+        part = full[: 4 if me == 0 else 2]
+        try:
+            ferry.make_array_from_process_local_data(ferry.Sharding(mesh, ["all", None]), part)
+        except ferry.InvalidArgumentError as error:
+            assert "global shape inferred" in str(error) and "differs between ranks" in str(error), error
+        else:
+            raise AssertionError("uneven parts without global_shape did not raise")
     print(f"rank {me} ok: {checked} shards match numpy slicing", flush=True)
 
 

@@ -160,3 +160,34 @@ def test_spmd_resolve_and_commit_sharded_tensor_never_hangs(release_gil, deferre
     result = run_python(code, timeout=180, env={"FERRY_HOST_DEVICES": "4"})
     assert result.returncode == 0, result.stderr
     assert "completed 200" in result.stdout
+
+
+def test_process_local_data_in_one_process_is_the_whole_tensor():
+    # Before: in one process, local data that did not split evenly into the mesh was refused
+    # ("does not split evenly"), though it is all of the tensor; device_put took it.
+    mesh = ferry.Mesh(host_devices(4), (2, 2), ("x", "y"))
+    x = np.arange(35, dtype=np.float32).reshape(5, 7)
+    made = ferry.make_array_from_process_local_data(ferry.Sharding(mesh, ("x", "y")), x)
+    assert made.shape == (5, 7)
+    np.testing.assert_array_equal(ferry.device_get(made), x)
+
+
+def test_shard_along_counts_a_negative_dim_from_each_tensors_last(tmp_path):
+    # Before: IndexError for a tensor of lower rank than -dim (a 0-d step, a 1-d bias).
+    mesh = ferry.Mesh(host_devices(2), (2,), ("x",))
+    tensors = {"w": np.arange(24.0).reshape(4, 6), "bias": np.arange(6.0), "step": np.array(3.0)}
+    path = str(tmp_path / "m.safetensors")
+    ferry.save_file(tensors, path)
+    loaded = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=-1))
+    assert loaded["w"].sharding.spec[1] == ("x",) and loaded["w"].sharding.spec[0] is None
+    assert loaded["bias"].sharding.spec[0] == ("x",)
+    assert loaded["step"].sharding.spec == ()
+    loaded = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=-2))
+    assert loaded["w"].sharding.spec[0] == ("x",)
+    assert loaded["bias"].sharding.spec == (None,)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(ferry.device_get(loaded[name]), value)
+    # A dict entry that is not a Sharding is named (before: AttributeError from inside).
+    with pytest.raises(ferry.InvalidArgumentError, match="entry for 'step' is tuple"):
+        ferry.load_file(path, sharding={"w": ferry.Sharding(mesh, ("x", None)),
+                                        "bias": ferry.Sharding(mesh, (None,)), "step": ()})

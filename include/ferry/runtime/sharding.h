@@ -164,6 +164,11 @@ struct LocalShard {
 // Every shard of this process read back (every read started before any wait), in mesh order.
 StatusOr<std::vector<LocalShard>> LocalShards(const ShardedData& data);
 
+// OK when every part of the tensor has a replica on this process's devices (always in one process;
+// a replicated tensor across processes); else FailedPrecondition naming the first part that lives
+// only on another process's device. What AssembleShards and AssembleShardsInto check first.
+Status CheckAssemblableHere(const ShardedData& data);
+
 // The whole tensor, each distinct shard read straight into its place in one host tensor (replicas
 // are read once; no intermediate copies). FailedPrecondition when a part of the tensor lies only
 // on other processes' devices (read this process's part with LocalShards).
