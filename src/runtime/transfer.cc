@@ -7,6 +7,7 @@
 #include "ferry/core/metrics.h"
 #include "ferry/device/buffer_writer.h"
 #include "ferry/device/client.h"
+#include "ferry/distributed/global_devices.h"
 #include "ferry/runtime/dtype_policy.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
@@ -146,9 +147,15 @@ StatusOr<DataPtr> StartTransfer(const DeviceTransfer& transfer, size_t index,
   Device* device = transfer.device;
   const HostView& view = source->view();
   bool downcast = false;
-  FERRY_ASSIGN_OR_RETURN(DType device_dtype,
-                         ChooseDeviceDType(view.dtype, transfer.device_dtype,
-                                           device->capabilities(), source->name(), &downcast));
+  StatusOr<DType> chosen = ChooseDeviceDType(view.dtype, transfer.device_dtype,
+                                             device->capabilities(), source->name(), &downcast);
+  if (!chosen.ok()) {
+    // Which device: on a mesh mixing backends only some of them lack the dtype.
+    return Status(chosen.status().code(),
+                  fmt::format("{} ({})", std::string(chosen.status().message()),
+                              distributed::NameInJob(*device)));
+  }
+  const DType device_dtype = *chosen;
   if (Status convertible = CheckConvertible(view.dtype, device_dtype); !convertible.ok()) {
     return Status(convertible.code(), fmt::format("tensor '{}': {}", source->name(),
                                                   std::string(convertible.message())));

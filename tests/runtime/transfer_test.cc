@@ -109,6 +109,23 @@ TEST(TransferTest, RoundTripReturnsLogicalDtypeAndCountsDowncasts) {
   EXPECT_EQ(reinterpret_cast<const float*>((*raw)[0].data())[63], 53.0f);
 }
 
+TEST(TransferTest, ADeviceDTypeTheDeviceCannotHoldNamesTheDevice) {
+  // Before: "device dtype float64 was requested but the device cannot hold it", which on a mesh
+  // mixing backends did not say which device lacks it.
+  ClientOptions options;
+  options.capabilities = DeviceCapabilities::No64BitFloats();
+  auto client = MakeHostClient(options);
+  Device* device = client->devices()[0];
+  auto source = TensorSource::FromHostTensor(HostTensor::Allocate(DType::kF32, {4}).value(), "w");
+  TransferToDeviceOptions asked;
+  asked.device_dtypes = {DType::kF64};
+  auto data = TransferToDevice({source}, device, asked);
+  ASSERT_FALSE(data.ok());
+  EXPECT_EQ(data.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(data.status().message(), HasSubstr("tensor 'w': device dtype float64 was requested"));
+  EXPECT_THAT(data.status().message(), HasSubstr("(" + device->name() + ")"));
+}
+
 TEST(TransferTest, BorrowRefusesADTypeOutsideTheEnumNamingTheValue) {
   // Before: Borrow accepted static_cast<DType>(99), and the transfer failed later with "the
   // device holds neither invalid nor ...".
