@@ -118,16 +118,38 @@ jit_ferry = np.asarray(step(jax.device_put(source.T, ferry_device)))
 jit_wrapped = np.asarray(step(jax.device_put(source.T, wrapped_device)))
 out["jit"] = [same(jit_ferry, jit_wrapped), bool(np.isfinite(jit_ferry).all())]
 
-# Large enough for ferry to return the put before writing it (a pending buffer it fulfils once
-# written): computed on at once, and read at once.
-big = random_array(np.float32, (768, 1024))
+# Large, dense and not 64-byte aligned (the plugin cannot alias it): ferry returns the put before
+# writing it (a pending buffer it fulfils once written), computed on at once, and read at once.
+def unaligned(values):
+    raw = np.empty(values.size + 16, values.dtype)
+    skip = next(k for k in range(1, 16) if (raw.ctypes.data + k * values.itemsize) % 64)
+    view = raw[skip:skip + values.size].reshape(values.shape)
+    view[...] = values
+    return view
+big = unaligned(random_array(np.float32, (768, 1024)))
 after_the_call = ferry.jax.counters()["puts_after_the_call"]
 big_step = jax.jit(lambda x: (x * 2.0 + 1.0) @ x.T)
-big_ferry = np.asarray(big_step(jax.device_put(big.T, ferry_device)))
-big_wrapped = np.asarray(big_step(jax.device_put(big.T, wrapped_device)))
-big_read = np.asarray(jax.device_put(big[:, ::2], ferry_device))
-out["big_jit"] = [same(big_ferry, big_wrapped), same(big_read, np.ascontiguousarray(big[:, ::2])),
+big_ferry = np.asarray(big_step(jax.device_put(big, ferry_device)))
+big_wrapped = np.asarray(big_step(jax.device_put(big, wrapped_device)))
+halves = unaligned(np.ascontiguousarray(big[:, ::2]))
+big_read = np.asarray(jax.device_put(halves, ferry_device))
+out["big_jit"] = [same(big_ferry, big_wrapped), same(big_read, halves),
                   ferry.jax.counters()["puts_after_the_call"] - after_the_call]
+
+# A strided source changed right after jax.device_put returns: the array holds the values at the
+# call, as on the wrapped plugin, which copies a strided source during the call (before: ferry
+# wrote it after the call, and about half of these puts showed the new values, some torn).
+changed_later = []
+before = ferry.jax.counters()["puts_after_the_call"]
+for i in range(20):
+    base = np.full((1024, 512), float(i), np.float32)
+    for view in (base.T, base[::-1], base[::2, ::2]):
+        x = jax.device_put(view, ferry_device)
+        base[...] = -1.0
+        changed_later.append(bool((np.asarray(x) != i).any()))
+        base[...] = float(i)
+out["strided_changed_later"] = [sum(changed_later), len(changed_later),
+                                ferry.jax.counters()["puts_after_the_call"] - before]
 
 donated = jax.device_put(source[:, ::2], ferry_device)
 plus_one = jax.jit(lambda x: x + 1.0, donate_argnums=0)(donated)
@@ -196,6 +218,13 @@ def test_large_puts_return_before_they_are_written_and_compute_and_read_right(re
     same_jit, same_read, after_the_call = results["big_jit"]
     assert same_jit and same_read
     assert after_the_call == 2, results["big_jit"]
+
+
+def test_a_strided_source_changed_after_the_put_returns_does_not_show(results):
+    changed, puts, after_the_call = results["strided_changed_later"]
+    assert puts == 60
+    assert changed == 0, results["strided_changed_later"]
+    assert after_the_call == 0, results["strided_changed_later"]
 
 
 def test_donated_ferry_buffer_is_consumed_and_the_result_right(results):
