@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 
 # The pjrt backend finds PJRT plugins shipped by installed packages (xla-cpu-pjrt, a CUDA or TPU
@@ -29,7 +30,10 @@ def _quiet_exit_with_daemon_threads() -> None:
     nanobind's leak report would call each of them a reference counting bug (docs/python.md, Exit).
     A normal exit keeps the report, so that a real leak is still seen."""
     current = threading.current_thread()
-    if any(t.daemon and t.is_alive() and t is not current for t in threading.enumerate()):
+    # threading.enumerate() misses threads started with _thread.start_new_thread; every thread
+    # that still runs Python code has a frame in sys._current_frames().
+    if (any(t.daemon and t.is_alive() and t is not current for t in threading.enumerate())
+            or len(sys._current_frames()) > 1):
         _ferry._set_leak_warnings(False)
 
 
@@ -143,6 +147,10 @@ from ._arrays import (  # noqa: E402
 )
 from ._files import TensorFile, load_file, open_file, save_file  # noqa: E402
 from ._settings import metrics, metrics_report, reset_metrics, set_setting, settings  # noqa: E402
+
+# The Array methods written in Python (_arrays.py) are found through the package from C++, which
+# holds it from now on: at exit, once sys.modules is emptied, a __del__ calling them still works.
+_ferry._hold_package(sys.modules[__name__])
 
 for _name in (*__all__, "_unpickle_array"):  # pickles and help() name them ferry.X
     _value = globals()[_name]

@@ -54,6 +54,18 @@ bool InterpreterFinalizing() {
 #endif
 }
 
+// The ident of Python's main thread: the one that runs the interpreter's finalisation at exit,
+// which may take the GIL back while finalising (module globals' __del__, generators closed at
+// exit: a ferry call there must finish, not park). 0 until RecordMainThread.
+std::atomic<unsigned long> main_thread_ident{0};
+
+// Whether this thread may not take the GIL back: the interpreter finalises and this thread is not
+// the one finalising it (CPython would end it in PyEval_RestoreThread).
+bool MustNotRetakeTheGil() {
+  return InterpreterFinalizing() &&
+         PyThread_get_thread_ident() != main_thread_ident.load(std::memory_order_relaxed);
+}
+
 [[noreturn]] void ParkForever() {
   for (;;) ::pause();
 }
@@ -71,6 +83,16 @@ void InstallForkHandler() {
     return pthread_atfork(nullptr, nullptr, &OnForkInChild) == 0;
   }();
   (void)installed;
+}
+
+void RecordMainThread() {
+  const nanobind::object main =
+      nanobind::module_::import_("threading").attr("main_thread")().attr("ident");
+  main_thread_ident.store(nanobind::cast<unsigned long>(main), std::memory_order_relaxed);
+}
+
+bool OnMainThread() {
+  return PyThread_get_thread_ident() == main_thread_ident.load(std::memory_order_relaxed);
 }
 
 uint64_t ForkGeneration() { return fork_generation.load(std::memory_order_relaxed); }
@@ -91,8 +113,9 @@ ScopedGilRelease::~ScopedGilRelease() {
   // std::terminate (a daemon thread inside a blocking call at exit: rc 134). Such a thread never
   // returns to Python: it parks here, for good, and the process exits around it (as Python 3.14
   // does with its own threads). The check below closes the common case; the catch closes the
-  // window between the check and the restore.
-  if (InterpreterFinalizing()) ParkForever();
+  // window between the check and the restore. The main thread, which finalises, takes the GIL
+  // back as ever: a ferry call in a __del__ run at exit finishes (parking it hung the exit).
+  if (MustNotRetakeTheGil()) ParkForever();
   try {
     PyEval_RestoreThread(saved_);
   } catch (abi::__forced_unwind&) {

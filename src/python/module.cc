@@ -214,8 +214,21 @@ HostBufferSemantics ParseSemantics(const std::string& semantics) {
 }
 
 // A function of the `ferry` package (python/ferry/_arrays.py): the Array methods written in
-// Python are defined on the class here and call it.
-nb::object PythonHelper(const char* name) { return nb::module_::import_("ferry").attr(name); }
+// Python are defined on the class here and call it. The package is imported once and held for
+// good (never released: the interpreter may be gone by the time static destructors run), so
+// that a method called while the interpreter finalises (a __del__ at exit, after sys.modules was
+// emptied: import then fails) still finds it.
+std::atomic<PyObject*> held_package{nullptr};
+
+void HoldPackage(nb::handle package) {
+  PyObject* expected = nullptr;
+  if (held_package.compare_exchange_strong(expected, package.ptr())) Py_INCREF(package.ptr());
+}
+
+nb::object PythonHelper(const char* name) {
+  if (held_package.load() == nullptr) HoldPackage(nb::module_::import_("ferry"));
+  return nb::borrow(held_package.load()).attr(name);
+}
 
 // copy_to_host_async(): reads started ahead of to_numpy(), into a tensor in the logical dtype.
 // The reads hold this state (and so the tensor) until the last one has finished, even if the
@@ -327,6 +340,10 @@ class Array {
     return {data_->device()};
   }
   bool is_ready() const {
+    // Drains the release queue on the way out too: a thread that polls is_ready() while the main
+    // thread is blocked outside Python (no pending call runs there) finds the source released
+    // once it sees True.
+    ApiScope api;
     for (const DataPtr& handle : handles()) {
       if (!handle->Ready().IsReady()) return false;
     }
@@ -721,6 +738,9 @@ std::vector<std::pair<std::string, Array>> LoadFileOnto(
   // and is raised once the load has returned.
   bool interrupted = false;
   options.after_window = [&interrupted] {
+    // Only the main thread runs signal handlers, and only it may take the GIL back at exit (a
+    // daemon thread that did, inside a load, was ended through this frame: std::terminate).
+    if (!OnMainThread()) return OkStatus();
     nb::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() == 0) return OkStatus();
     interrupted = true;
@@ -1222,7 +1242,11 @@ void DefineHostReadClass(nb::module_& m) {
           "out", [](const HostRead& read) { return read.out; },
           "What the read writes into: the `out` it was given.")
       .def(
-          "is_ready", [](const HostRead& read) { return read.done.IsReady(); },
+          "is_ready",
+          [](const HostRead& read) {
+            ApiScope api;  // as Array.is_ready: a poller finds what the read held released
+            return read.done.IsReady();
+          },
           "Whether the read has finished (never blocks).")
       .def("wait", &HostRead::Wait,
            "Waits until the read has finished (without the GIL; Ctrl-C raises "
@@ -1355,6 +1379,9 @@ void DefineRuntimeHooks(nb::module_& m) {
   // threads still run: the interpreter freezes them where they are, and what their frames hold
   // (their device, their latest array) is never freed, by design rather than by a bug.
   m.def("_set_leak_warnings", [](bool enabled) { nb::set_leak_warnings(enabled); });
+  m.def("_hold_package", &HoldPackage, nb::arg("package"),
+        "Called by the ferry package once imported: the Array methods written in Python find it "
+        "from then on even while the interpreter finalises (sys.modules emptied).");
 }
 
 }  // namespace
@@ -1363,6 +1390,7 @@ NB_MODULE(_ferry, m) {
   m.doc() = "ferry's C++ core; use the `ferry` package.";
   m.attr("__version__") = ferry::kVersion;
   InstallForkHandler();
+  RecordMainThread();
 
   DefineErrors(m);
   DefineDeviceClass(m);

@@ -201,6 +201,34 @@ def test_python_sources_are_released_on_the_main_thread_only_when_deferred(defer
         assert off_main > 0  # without the queue, runtime threads take the GIL themselves
 
 
+def test_a_thread_that_sees_is_ready_finds_the_source_released_while_main_is_blocked():
+    # Before: the source stayed alive after is_ready() said True for as long as the main thread
+    # sat in join() (the queue's pending call runs only on the main thread, is_ready() did not
+    # drain it): 0.5 s later it was still alive, 1 object queued.
+    code = """
+    import threading, weakref
+    import numpy as np
+    import ferry
+    results = []
+    def work():
+        for i in range(20):
+            x = np.full((1024, 1024, 4), i, dtype=np.float64)   # 32 MiB
+            alive = weakref.ref(x)
+            a = ferry.device_put(x, semantics="async")
+            del x
+            while not a.is_ready():
+                pass
+            results.append(alive() is None)
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    print(sum(results), len(results))
+    """
+    result = run_python(code, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["20", "20"], result.stdout
+
+
 def test_a_small_widening_copy_put_releases_the_gil_while_it_waits_for_staging():
     # Defence 1 alone (defence 2 off): an async put whose completion needs the GIL, then a
     # "copy" put of a 200 KiB float32 source stored as float64 on OpenCL, which waits for staging

@@ -165,3 +165,102 @@ def test_exit_while_daemon_threads_put_and_read_is_quiet(device_name):
         assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
         assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
         assert "reference counting" not in result.stderr, (attempt, result.stderr[-2000:])
+
+
+def test_a_daemon_thread_inside_load_file_at_exit_is_clean(tmp_path):
+    # Before: rc 134 ("terminate called without an active exception") in 8 of 8 runs: load_file
+    # took the GIL back between windows to check for Ctrl-C, and CPython ended the daemon thread
+    # there at exit (pthread_exit unwinding through the load). Only the main thread checks now.
+    path = tmp_path / "m.safetensors"
+    code = f"""
+    import threading, time
+    import numpy as np
+    import ferry
+    path = {str(path)!r}
+    ferry.save_file({{f"t{{i}}": np.ones(1 << 17) for i in range(16)}}, path)
+    ferry.set_setting("FERRY_LOAD_WINDOW_BYTES", 1 << 20)   # many windows, many checks
+    started = threading.Event()
+    def loop():
+        while True:
+            started.set()
+            ferry.load_file(path, "host:0")
+    for _ in range(2):
+        threading.Thread(target=loop, daemon=True).start()
+    started.wait()
+    time.sleep(0.2)
+    print("main done", flush=True)
+    """
+    for attempt in range(3):
+        result = run_python(textwrap.dedent(code), timeout=60)
+        assert "main done" in result.stdout, result.stderr
+        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+
+
+def test_ferry_calls_made_while_the_interpreter_finalises_finish():
+    # Before: a module global's __del__ (or a generator's finally) that called ferry at exit hung
+    # the process for good: the main thread, which finalises, was parked like a daemon thread.
+    # (A read into a new numpy array may fail that late: nanobind cannot import numpy once
+    # Python has torn its imports down. It must raise, not hang.)
+    code = """
+    import numpy as np
+    import ferry
+
+    def flush(label, payload):
+        a = ferry.device_put(payload, "host:0", semantics="async")
+        a.block_until_ready()
+        print(label, a.shape, ferry.metrics()["TransferToDeviceTime.count"] > 0, flush=True)
+        try:
+            print(label, "read", ferry.device_get(a).sum(), flush=True)
+        except Exception as error:
+            print(label, "read raised", type(error).__name__, flush=True)
+        a.delete()
+
+    class Checkpointer:
+        def __init__(self, payload):
+            self.flush, self.payload = flush, payload
+        def __del__(self):
+            self.flush("flushed", self.payload)
+
+    def reader(payload):
+        try:
+            yield 1
+        finally:
+            flush("closed", payload)
+
+    checkpointer = Checkpointer(np.ones(1 << 20))
+    suspended = reader(np.full(4, 2.0))
+    next(suspended)
+    print("main done", flush=True)
+    """
+    result = run_python(textwrap.dedent(code), timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
+    assert "main done" in result.stdout
+    assert "flushed (1048576,) True" in result.stdout, result.stdout + result.stderr
+    assert "closed (4,) True" in result.stdout, result.stdout + result.stderr
+
+
+def test_exit_with_a_raw_thread_inside_ferry_is_quiet():
+    # Before: a thread started with _thread.start_new_thread (which threading.enumerate() does not
+    # list) made nanobind report 'leaked instances ... reference counting issue' at every exit.
+    code = """
+    import _thread, threading, time
+    import numpy as np
+    import ferry
+    x = np.random.default_rng(0).random(1 << 20)
+    started = threading.Event()
+    def loop():
+        device = ferry.device("host:0")
+        while True:
+            a = ferry.device_put(x, device)
+            ferry.device_get(a)
+            started.set()
+    _thread.start_new_thread(loop, ())
+    started.wait()
+    time.sleep(0.2)
+    print("main done", flush=True)
+    """
+    for attempt in range(3):
+        result = run_python(textwrap.dedent(code), timeout=60)
+        assert "main done" in result.stdout, result.stderr
+        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+        assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
