@@ -26,7 +26,13 @@ class Mesh:
             raise InvalidArgumentError(
                 f"mesh shape {[int(n) for n in shape]} needs {needed} devices, got "
                 f"{len(resolved)}: {_ferry._device_count_hint('host')}")
-        self._mesh = _ferry._Mesh(resolved, [int(n) for n in shape], [str(a) for a in axis_names])
+        if isinstance(axis_names, str):
+            axis_names = (axis_names,)  # one axis, as JAX's Mesh takes it
+        if not all(isinstance(a, str) for a in axis_names):
+            raise InvalidArgumentError(
+                f"mesh axis names must be a sequence of str, got {axis_names!r} (a spec names "
+                "axes by these strings)")
+        self._mesh = _ferry._Mesh(resolved, [int(n) for n in shape], list(axis_names))
 
     @property
     def devices(self) -> list[Device]:

@@ -36,8 +36,10 @@ StatusOr<Mesh> Mesh::Create(std::vector<Device*> devices, std::vector<int64_t> s
   std::set<std::string> names;
   for (const std::string& name : axis_names) {
     if (name.empty() || !names.insert(name).second) {
+      std::vector<std::string> quoted;
+      for (const std::string& each : axis_names) quoted.push_back(fmt::format("'{}'", each));
       return InvalidArgumentError(fmt::format("mesh axis names [{}] must be non-empty and unique",
-                                              fmt::join(axis_names, ", ")));
+                                              fmt::join(quoted, ", ")));
     }
   }
   std::set<Device*> seen;

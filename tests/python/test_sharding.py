@@ -191,3 +191,14 @@ def test_shard_along_counts_a_negative_dim_from_each_tensors_last(tmp_path):
     with pytest.raises(ferry.InvalidArgumentError, match="entry for 'step' is tuple"):
         ferry.load_file(path, sharding={"w": ferry.Sharding(mesh, ("x", None)),
                                         "bias": ferry.Sharding(mesh, (None,)), "step": ()})
+
+
+def test_mesh_axis_names_are_strings_and_an_empty_one_is_shown():
+    # Before: integer names were turned into strings (Sharding(mesh, (0,)) then failed), and an
+    # empty name was invisible in the error ("mesh axis names [] must be ...").
+    with pytest.raises(ferry.InvalidArgumentError, match="sequence of str"):
+        ferry.Mesh(host_devices(2), (2,), (0,))
+    with pytest.raises(ferry.InvalidArgumentError, match=r"\[''\] must be non-empty"):
+        ferry.Mesh(host_devices(2), (2,), ("",))
+    mesh = ferry.Mesh(host_devices(2), (2,), "rows")  # one axis given as a str, as JAX takes it
+    assert mesh.axis_names == ("rows",)
