@@ -11,6 +11,20 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
+# Free disk, in GiB, where the builds and the venvs go. A first run on a new machine keeps about
+# 14 GiB (torch_xla's venv with its CUDA wheels 7.3 of it, .venv 2.1, four build folders, the
+# compiler cache) and needs 18 at its peak (pip unpacking those wheels; measured 2026-12-06);
+# a later run a few hundred MiB. Printed at the start and with every stage, so
+# that a build that dies of a full disk says so in the log before the linker's ENOSPC.
+free_gib() { df -Pk "$root" "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null |
+  awk 'NR > 1 && (min == "" || $4 < min) { min = $4 } END { printf "%.1f", min / 1048576 }'; }
+echo "test.sh: $(free_gib) GiB free on the disk of $root"
+if awk -v free="$(free_gib)" 'BEGIN { exit !(free < 20) }'; then
+  echo "test.sh: warning: a first run needs about 18 GiB of free disk (builds, .venv, torch_xla's" \
+    "venv in ${XDG_CACHE_HOME:-$HOME/.cache}/ferry); with less a build or an install may fail" \
+    "with 'No space left on device'" >&2
+fi
+
 "$root/scripts/install_deps.sh"
 # The Python environment first: it holds the PJRT C API header the builds need for the pjrt
 # backend (xla-cpu-pjrt) and the plugins its tests load.
@@ -28,7 +42,7 @@ stage() {
   fi
   stage_name=$1
   stage_start=$SECONDS
-  if [[ -n $1 ]]; then echo "=== $1 ==="; fi
+  if [[ -n $1 ]]; then echo "=== $1 === ($(free_gib) GiB free)"; fi
 }
 
 run_ctest() {

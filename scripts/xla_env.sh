@@ -25,7 +25,10 @@ fi
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$wanted" ]]; then
   echo "xla_env: installing torch_xla's environment into $venv (several GB, once)" >&2
   echo "$requirements" > "$venv/requirements.txt"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$venv/requirements.txt" >&2
+  # --no-cache-dir: the venv is the cache; pip's own copy of the CUDA wheels would be several GB
+  # more on disk for nothing.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir \
+    -r "$venv/requirements.txt" >&2
   echo "$wanted" > "$stamp"
 fi
 echo "$venv/bin/python"
