@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_format.h"
 #include "conformance_suite.h"
+#include "ferry/device/buffer_writer.h"
+#include "tests/call_on_its_own_thread.h"
 
 namespace ferry::conformance {
 namespace {
@@ -150,6 +152,39 @@ TEST_P(ConformanceShutdown, ReadsInFlightWhenTheClientIsDestroyedComplete) {
   }
   for (InFlight& transfer : in_flight) transfer.buffer.reset();
   for (InFlight& transfer : in_flight) EXPECT_EQ(transfer.record->Calls(), 1);
+}
+
+// A client destroyed before the BufferWriter of a buffer with reads waiting for its fill (a
+// loader holding client and writers in one object, the client declared last): the destructor
+// returns, and the reads fail once the writer goes (before: opencl's destructor waited for those
+// reads, which waited for the writer destroyed after it: a hang). On a thread of its own, so a
+// hang fails the test instead of stalling it.
+TEST_P(ConformanceShutdown, ClientDestroyedBeforeAWriterWhoseBufferIsBeingReadReturns) {
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Client> doomed, MakeClient({}));
+  StatusOr<std::unique_ptr<BufferWriter>> made =
+      doomed->CreateBufferWriter(DType::kF32, {1024}, doomed->devices()[0], {}, "never filled");
+  if (absl::IsUnimplemented(made.status())) {
+    GTEST_SKIP() << "this backend has no create-then-fill into its default memory: "
+                 << made.status().message();
+  }
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<BufferWriter> writer = *std::move(made);
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer, writer->TakeBuffer());
+  std::vector<float> whole(1024), part(256);
+  const Future<> whole_read =
+      buffer->ToHost(MutableHostView::Dense(whole.data(), DType::kF32, {1024}));
+  const Future<> part_read = buffer->CopyRawToHost(1024, 1024, part.data());
+  test_support::CallOnItsOwnThread destroyer([&] { doomed.reset(); });
+  const bool returned = destroyer.ReturnedWithin(std::chrono::seconds(30));
+  EXPECT_TRUE(returned) << "the client's destructor waited for reads of an unfilled buffer";
+  writer.reset();  // lets a waiting destructor go, so the test ends either way
+  destroyer.Join();
+  for (const Future<>& read : {whole_read, part_read}) {
+    const std::optional<Status> done = AwaitFor(read);
+    ASSERT_TRUE(done.has_value()) << "a read of the abandoned buffer never completed";
+    EXPECT_FALSE(done->ok());
+  }
+  buffer.reset();
 }
 
 // A ready buffer that outlives its client keeps its Ready() result and fails every read with

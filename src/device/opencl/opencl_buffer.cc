@@ -263,18 +263,24 @@ void StartRawRead(RawReadRequest request) {
     return;
   }
   request.memory.reset();
-  OnEventComplete(cl, event,
-                  [done = request.done, ready = request.ready, token = std::move(request.token),
-                   what = std::move(request.what)](cl_int execution_status) mutable {
-                    Status status = EventStatus(execution_status, "partial read", what);
-                    token.Release();
-                    if (!status.ok()) {
-                      done.Set(std::move(status));
-                      return;
-                    }
-                    // The writes ran before the read: report their status, if they failed.
-                    ready.OnReady([done](const Status& ready_status) { done.Set(ready_status); });
-                  });
+  OnEventComplete(
+      cl, event,
+      [done = request.done, ready = request.ready, token = std::move(request.token),
+       what = std::move(request.what)](cl_int execution_status) mutable {
+        Status status = EventStatus(execution_status, "partial read", what);
+        if (!status.ok()) {
+          done.Set(std::move(status));
+          return;  // the token goes after the caller's continuations, as ToHost's
+        }
+        // The writes ran before the read: report their status, if they failed. The
+        // token is released once the continuations of `done` have returned, so the
+        // client's destructor waits for them (docs/opencl.md: never a context's
+        // last reference dropped on a callback thread).
+        ready.OnReady([done, token = std::move(token)](const Status& ready_status) mutable {
+          done.Set(ready_status);
+          token.Release();
+        });
+      });
   cl.clFlush(queue.queue());
 }
 
@@ -282,13 +288,27 @@ void StartRawRead(RawReadRequest request) {
 // into the in-order queue after the writes. The continuation runs on this thread when the writes
 // are enqueued already, else on the staging worker once it has enqueued them; a failure to
 // enqueue them completes request.done with that error instead.
+//
+// The read holds the client (its lifetime token) only from then on: while it waits for writes
+// that a BufferWriter has yet to make, the client may be destroyed (before: its destructor waited
+// for this token, and the writer that would have ended the wait was destroyed after the client:
+// a hang). A read whose writes are enqueued after the client closed fails with
+// FailedPrecondition; one whose writer is abandoned fails with that writer's Aborted.
 template <typename Request>
-void StartOnceWritesEnqueued(const Future<>& enqueued, Request request, void (*start)(Request)) {
-  enqueued.OnReady([request = std::move(request), start](const Status& status) mutable {
+void StartOnceWritesEnqueued(const Future<>& enqueued, std::shared_ptr<ClientLifetime> lifetime,
+                             Request request, void (*start)(Request)) {
+  enqueued.OnReady([lifetime = std::move(lifetime), request = std::move(request),
+                    start](const Status& status) mutable {
     if (!status.ok()) {
       request.done.Set(status);
       return;
     }
+    StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime, request.what);
+    if (!token.ok()) {
+      request.done.Set(token.status());
+      return;
+    }
+    request.token = *std::move(token);
     start(std::move(request));
   });
 }
@@ -300,11 +320,13 @@ Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, v
       !valid.ok()) {
     return Future<>::Ready(valid);
   }
-  StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, "CopyRawToHost");
-  if (!token.ok()) return Future<>::Ready(token.status());
+  // Refused at once on a closed client; the token itself is taken once the writes are enqueued.
+  if (Status open = ClientLifetime::Begin(lifetime_, "CopyRawToHost").status(); !open.ok()) {
+    return Future<>::Ready(open);
+  }
   Promise<> done;
   RawReadRequest request{
-      *std::move(token),
+      ClientLifetime::Token(),
       memory_,
       ready_,
       offset_bytes,
@@ -313,7 +335,7 @@ Future<> OpenClBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, v
       done,
       fmt::format("reading bytes [{}, {}) of tensor '{}' from {}", offset_bytes,
                   offset_bytes + size_bytes, tensor_name_, memory_->queue().name())};
-  StartOnceWritesEnqueued(enqueued_, std::move(request), &StartRawRead);
+  StartOnceWritesEnqueued(enqueued_, lifetime_, std::move(request), &StartRawRead);
   return done.future();
 }
 
@@ -323,15 +345,17 @@ Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
   }
   const std::string what =
       fmt::format("reading tensor '{}' from {}", tensor_name_, memory_->queue().name());
-  StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, "ToHost");
-  if (!token.ok()) return Future<>::Ready(token.status());
+  // Refused at once on a closed client; the token itself is taken once the writes are enqueued.
+  if (Status open = ClientLifetime::Begin(lifetime_, "ToHost").status(); !open.ok()) {
+    return Future<>::Ready(open);
+  }
 
   Promise<> done;
   if (dst.num_elements() == 0) {
     ready_.OnReady([done](const Status& ready) { done.Set(ready); });
     return done.future();
   }
-  ReadRequest request{*std::move(token),
+  ReadRequest request{ClientLifetime::Token(),
                       memory_,
                       ready_,
                       ring_,
@@ -340,7 +364,7 @@ Future<> OpenClBuffer::ToHost(const MutableHostView& dst) {
                       ChooseTransferPath(dst, device_dtype_),
                       done,
                       what};
-  StartOnceWritesEnqueued(enqueued_, std::move(request), &StartRead);
+  StartOnceWritesEnqueued(enqueued_, lifetime_, std::move(request), &StartRead);
   return done.future();
 }
 

@@ -181,22 +181,39 @@ Future<> PjrtBuffer::CopyRawToHost(int64_t offset_bytes, int64_t size_bytes, voi
   if (Status status = CheckRawRange(size_bytes_, offset_bytes, size_bytes, dst); !status.ok()) {
     return Future<>::Ready(std::move(status));
   }
-  StatusOr<ClientLifetime::Token> token =
-      ClientLifetime::Begin(lifetime_, fmt::format("CopyRawToHost from {}", device_name_));
+  std::string what = fmt::format("CopyRawToHost from {}", device_name_);
+  StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime_, what);
   if (!token.ok()) return Future<>::Ready(token.status());
   if (parts_.ready.IsReady()) {
     return CopyRawOnceReady(source_, offset_bytes, size_bytes, dst, *std::move(token));
   }
+  token->Release();
   // The put is still running: the read starts once it has finished, on the device's
-  // device-to-host worker (never on the plugin thread that completes the put), and this call
-  // returns at once. The read holds what it needs (the source), not this buffer.
+  // device-to-host worker (never on the thread that completes the put), and this call returns at
+  // once. The read holds what it needs (the source), not this buffer, and the client only from
+  // then on (as ToHost: a client destroyed while a BufferWriter's fill is awaited must not wait
+  // for this read).
   Promise<> done;
-  parts_.ready.OnReady(source_.device->staging(StagingDirection::kDeviceToHost),
-                       [source = source_, offset_bytes, size_bytes, dst, done,
-                        token = *std::move(token)](const Status&) mutable {
-                         CopyRawOnceReady(source, offset_bytes, size_bytes, dst, std::move(token))
-                             .OnReady([done](const Status& status) { done.Set(status); });
-                       });
+  parts_.ready.OnReady([source = source_, offset_bytes, size_bytes, dst, done,
+                        what = std::move(what)](const Status&) mutable {
+    StatusOr<ClientLifetime::Token> held = ClientLifetime::Begin(source.lifetime, what);
+    if (!held.ok()) {
+      done.Set(held.status());
+      return;
+    }
+    const PjrtDevice* device = source.device;
+    Status queued = device->RunOnStagingWorker(
+        StagingDirection::kDeviceToHost, [source = std::move(source), offset_bytes, size_bytes, dst,
+                                          done, token = *std::move(held)](Status start) mutable {
+          if (!start.ok()) {
+            done.Set(std::move(start));
+            return;
+          }
+          CopyRawOnceReady(source, offset_bytes, size_bytes, dst, std::move(token))
+              .OnReady([done](const Status& status) { done.Set(status); });
+        });
+    if (!queued.ok()) done.Set(std::move(queued));
+  });
   return done.future();
 }
 
@@ -353,6 +370,8 @@ class PjrtBuffer::Read {
 
   const ReadSource& source() const { return *source_; }
   const MutableHostView& dst() const { return dst_; }
+  // The client's token, taken once the data has arrived (the read uses the client from then on).
+  void HoldClient(ClientLifetime::Token token) { token_ = std::move(token); }
 
   // The read's outcome, reported when the last piece lets go; an error outranks OK.
   void Finish(Status status) {
@@ -375,20 +394,34 @@ Future<> PjrtBuffer::ToHost(const MutableHostView& dst) {
   if (Status status = CheckToHostArgs(parts_.dims, parts_.device_dtype, dst); !status.ok()) {
     return Future<>::Ready(std::move(status));
   }
-  StatusOr<ClientLifetime::Token> token =
-      ClientLifetime::Begin(lifetime_, fmt::format("ToHost from {}", device_name_));
-  if (!token.ok()) return Future<>::Ready(token.status());
+  std::string what = fmt::format("ToHost from {}", device_name_);
+  if (Status open = ClientLifetime::Begin(lifetime_, what).status(); !open.ok()) {
+    return Future<>::Ready(open);  // refused at once on a closed client
+  }
   Promise<> done;
   Future<> result = done.future();
   // The read starts once the data has arrived: at once, on this thread, when it has; else on the
   // thread that completes Ready() (a plugin or engine thread: StartRead hands whatever may wait to
   // the staging worker). The read holds the buffer's handle, so the device memory (or an alias's
   // source, released at PJRT_Buffer_Destroy) outlives it even if the buffer is destroyed first.
-  auto read = std::make_shared<Read>(source_, dst, std::move(done), *std::move(token));
-  parts_.ready.OnReady([read = std::move(read)](const Status& ready) {
-    Status started = ready.ok() ? StartRead(read, /*on_worker=*/false) : ready;
-    if (!started.ok()) read->Finish(std::move(started));
-  });
+  // It holds the client (its token) only from then on: while it waits for a BufferWriter's fill,
+  // the client may be destroyed (before, its destructor waited for this read, which waited for a
+  // writer destroyed after the client: a hang); it then fails with FailedPrecondition.
+  auto read = std::make_shared<Read>(source_, dst, std::move(done), ClientLifetime::Token());
+  parts_.ready.OnReady(
+      [read = std::move(read), lifetime = lifetime_, what = std::move(what)](const Status& ready) {
+        Status started = ready;
+        if (started.ok()) {
+          StatusOr<ClientLifetime::Token> token = ClientLifetime::Begin(lifetime, what);
+          if (token.ok()) {
+            read->HoldClient(*std::move(token));
+            started = StartRead(read, /*on_worker=*/false);
+          } else {
+            started = token.status();
+          }
+        }
+        if (!started.ok()) read->Finish(std::move(started));
+      });
   return result;
 }
 
