@@ -336,13 +336,19 @@ PJRT_Error* BufferFromHostBuffer(PJRT_Client_BufferFromHostBuffer_Args* args) {
                            reinterpret_cast<uintptr_t>(args->data) % kHostAlignment == 0;
     if (!aliasable) {
       if (std::optional<PJRT_Memory*> memory = DefaultTargetMemory(**plugin, *args)) {
-        // Only a dense source is written after the call: the wrapped plugins read a dense one
-        // after the call themselves, but copy a strided one during it, and JAX relies on that
-        // (a numpy source changed right after jax.device_put(x.T) must not show in the array:
-        // written after the call, it did in about half of the puts).
-        if (dense &&
-            args->host_buffer_semantics != PJRT_HostBufferSemantics_kImmutableOnlyDuringCall &&
-            src.dense_size_bytes() > kInlineWriteBytes && (*plugin)->MayAlias()) {
+        // A zero-copy request ferry cannot alias is served as the wrapped plugins serve it: a
+        // dense source read after the call, a strided one copied during it. JAX asks zero-copy
+        // for numpy arrays and relies on that copy (a numpy source changed right after
+        // jax.device_put(x.T) must not show in the array: written after the call, it did in
+        // about half of the puts). kImmutableUntilTransferCompletes promises the source until
+        // done_with_host_buffer whatever its layout: written after the call.
+        const bool after_the_call_allowed =
+            args->host_buffer_semantics ==
+                PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes ||
+            (dense &&
+             args->host_buffer_semantics != PJRT_HostBufferSemantics_kImmutableOnlyDuringCall);
+        if (after_the_call_allowed && src.dense_size_bytes() > kInlineWriteBytes &&
+            (*plugin)->MayAlias()) {
           StatusOr<bool> started = WriteAfterTheCall(**plugin, *args, src, *memory);
           if (!started.ok()) return MakeError(started.status());
           if (*started) {
