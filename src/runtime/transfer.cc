@@ -220,6 +220,17 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
   };
   // On error `handles` goes out of scope: everything this call started is released.
   std::vector<DataPtr> handles(transfers.size());
+  // All or nothing, device memory included: on an error, the transfers this call started run to
+  // their end before their handles go, so that what they allocated is free once the error is
+  // returned (a host transfer's copy holds its memory until it ends; before, a retry right after
+  // a failed put could fail for want of the memory the abandoned one still held).
+  auto fail = [&](Status error) -> Status {
+    wait_for_sources();  // the caller may reuse the sources once this returns
+    for (const DataPtr& handle : handles) {
+      if (handle != nullptr) handle->Ready().Await().IgnoreError();
+    }
+    return error;
+  };
   // The transfer owns a reference to its source until it has read the last byte; the completion
   // callback drops it (on a runtime thread for asynchronous semantics).
   auto start = [&](size_t i, HostBufferSemantics this_semantics) -> Status {
@@ -245,10 +256,7 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
     };
     StatusOr<DataPtr> handle = StartTransfer(
         transfers[i], i, HostBufferSemantics::kImmutableUntilTransferCompletes, std::move(on_done));
-    if (!handle.ok()) {
-      wait_for_sources();  // the caller may reuse the sources once this returns
-      return handle.status();
-    }
+    if (!handle.ok()) return fail(handle.status());
     sources_read.push_back(read.future());
     handles[i] = *std::move(handle);
   }
@@ -260,17 +268,11 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
     ParallelFor(small.size(), kParallelGrainTransfers,
                 [&](size_t k) { errors[k] = start(small[k], semantics); });
     for (const Status& error : errors) {  // the first in the sources' order
-      if (!error.ok()) {
-        wait_for_sources();
-        return error;
-      }
+      if (!error.ok()) return fail(error);
     }
   } else {
     for (size_t i : small) {
-      if (Status started = start(i, semantics); !started.ok()) {
-        wait_for_sources();
-        return started;
-      }
+      if (Status started = start(i, semantics); !started.ok()) return fail(started);
     }
   }
   wait_for_sources();

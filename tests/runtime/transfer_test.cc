@@ -264,6 +264,31 @@ TEST(TransferTest, FailedBatchHasGivenBackEveryDeviceByteOnReturnOnEveryBackend)
   }
 }
 
+// The same for asynchronous semantics, where the call does not otherwise wait for what it
+// started: a put refused for want of memory leaves the memory free, so the same put of the first
+// source alone goes through at once (before: the host engine's abandoned copy still held the
+// first source's 64 MiB, and the retry failed with ResourceExhausted 20 times in 20).
+TEST(TransferTest, AFailedAsynchronousBatchLeavesItsMemoryFreeForARetry) {
+  ClientOptions options;
+  options.capabilities = DeviceCapabilities::All();
+  options.capabilities->memory_limit_bytes = 96 << 20;
+  auto client = MakeHostClient(options);
+  Device* device = client->devices()[0];
+  const std::vector<std::shared_ptr<const TensorSource>> both = {
+      MakeSource(DType::kF32, {16 << 20}, "a"), MakeSource(DType::kF32, {16 << 20}, "b")};
+  TransferToDeviceOptions asynchronous;
+  asynchronous.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    SCOPED_TRACE(attempt);
+    StatusOr<std::vector<DataPtr>> failed = TransferToDevice(both, device, asynchronous);
+    ASSERT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted) << failed.status();
+    EXPECT_EQ(device->bytes_in_use(), 0);
+    StatusOr<std::vector<DataPtr>> retry = TransferToDevice({both[0]}, device, asynchronous);
+    ASSERT_TRUE(retry.ok()) << retry.status();
+    ASSERT_TRUE((*retry)[0]->Ready().Await().ok());
+  }
+}
+
 // A batch of many small sources is started on every core (transfer_internal.h,
 // kParallelMinTransfers): every tensor must still land in its own handle, in order, and a failure
 // must name the first failing source in order and leave nothing on the device.
