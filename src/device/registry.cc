@@ -59,6 +59,33 @@ std::vector<std::string> RegisteredBackends() {
   return names;
 }
 
+namespace {
+
+// The capability limits every backend reads, checked before any backend starts: a negative limit
+// is an error here rather than a confusing failure of every later put ("0 of -1 bytes in use").
+// (Device and worker counts are each backend's to check.)
+Status CheckClientOptions(std::string_view backend, const ClientOptions& options) {
+  auto refuse = [&](std::string_view field, int64_t value, std::string_view rule) {
+    return InvalidArgumentError(fmt::format(
+        "CreateClient(\"{}\"): ClientOptions::{} is {}; it must be {} (or unset for the default)",
+        backend, field, value, rule));
+  };
+  if (options.capabilities.has_value()) {
+    const DeviceCapabilities& capabilities = *options.capabilities;
+    if (capabilities.memory_limit_bytes.has_value() && *capabilities.memory_limit_bytes < 0) {
+      return refuse("capabilities.memory_limit_bytes", *capabilities.memory_limit_bytes,
+                    "zero or more");
+    }
+    if (capabilities.max_buffer_bytes.has_value() && *capabilities.max_buffer_bytes < 0) {
+      return refuse("capabilities.max_buffer_bytes", *capabilities.max_buffer_bytes,
+                    "zero or more");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
                                                const ClientOptions& options) {
   RegisterBuiltinBackends();
@@ -77,6 +104,7 @@ StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
   }
   // Every setting, not only this backend's: a bad value anywhere is reported by the first client.
   FERRY_RETURN_IF_ERROR(CheckSettings());
+  FERRY_RETURN_IF_ERROR(CheckClientOptions(backend, options));
   return factory(options);
 }
 

@@ -40,6 +40,23 @@ TEST(RegistryTest, HostDeviceCountComesFromOptionOrEnvironment) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RegistryTest, NegativeLimitsAreInvalidArgumentUpFront) {
+  // Before: accepted, and every later put failed ("0 of -1 bytes in use").
+  for (const char* backend : {"host", "opencl", "pjrt"}) {
+    DeviceCapabilities memory = DeviceCapabilities::All();
+    memory.memory_limit_bytes = -1;
+    StatusOr<std::unique_ptr<Client>> client =
+        CreateClient(backend, ClientOptions{.capabilities = memory});
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument) << backend;
+    EXPECT_THAT(std::string(client.status().message()),
+                testing::HasSubstr("memory_limit_bytes is -1"));
+    DeviceCapabilities largest = DeviceCapabilities::All();
+    largest.max_buffer_bytes = -5;
+    client = CreateClient(backend, ClientOptions{.capabilities = largest});
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument) << backend;
+  }
+}
+
 TEST(RegistryTest, ZeroDevicesIsInvalidArgument) {
   EXPECT_EQ(CreateClient("host", ClientOptions{.num_devices = 0}).status().code(),
             absl::StatusCode::kInvalidArgument);
