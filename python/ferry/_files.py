@@ -300,7 +300,7 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
         shardings = {name: _sharding_for(rule, name, array) for name, array in arrays.items()}
     if process_count() > 1:
         _ferry._agree_on_value(_describe_plan(shardings, arrays, requested, device_dtype_all),
-                               "load_file: the tensors and their shardings")
+                               "load_file: the list of tensors and their shardings")
     placed: dict[str, Array] = {}
     with distributed.agreed("load_file: putting the shards"):
         for name, array in arrays.items():

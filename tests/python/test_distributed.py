@@ -102,7 +102,7 @@ def test_a_plan_that_differs_names_its_first_field_and_the_ranks_within_80_colum
         ours, theirs = ((tmp_path / f"{label}_{rank}.txt").read_text() for rank in range(2))
         assert ours == theirs, (label, ours, theirs)  # the same error on every rank
         lines = ours.splitlines()
-        assert lines[0] == ("load_file: the tensors and their shardings differs between ranks 0 "
+        assert lines[0] == ("load_file: the list of tensors and their shardings differs between ranks 0 "
                             "and 1"), ours
         assert all(len(line) <= 80 for line in lines), ours
         messages[label] = lines

@@ -487,3 +487,28 @@ def test_a_client_destroyed_with_puts_in_flight_waits_for_them():
                         env={"JAX_PLATFORMS": "ferry"})
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "survived" in result.stdout
+
+
+def test_a_process_that_never_imports_ferry_finds_the_plugin_installed_beside_it():
+    # torch_xla's PJRT_DEVICE=LIBRARY, or JAX's register_plugin alone, load ferry's plugin with no
+    # `import ferry` to say where the packages are. Before: with no FERRY_PJRT_SEARCH_PATH,
+    # PYTHONPATH or VIRTUAL_ENV, a pip install's plugin searched nowhere ("no PJRT plugin ...
+    # searched: ") though the XLA CPU plugin sat in the same site-packages.
+    import subprocess
+    import sys
+
+    program = f"""
+import numpy as np
+from jax._src import xla_bridge
+xla_bridge.register_plugin("ferry", library_path={PLUGIN!r}, priority=500)
+import jax
+x = jax.device_put(np.arange(12.0, dtype=np.float32).reshape(3, 4).T, jax.devices("ferry")[0])
+print("sum", float(np.asarray(x).sum()))
+"""
+    unset = ("FERRY_PJRT_SEARCH_PATH", "FERRY_PJRT_WRAPPED_PLUGIN", "FERRY_PJRT_PLUGIN",
+             "PYTHONPATH", "VIRTUAL_ENV", "FERRY_JAX_PLUGIN")
+    env = {name: value for name, value in os.environ.items() if name not in unset}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sum 66.0" in result.stdout, result.stdout + result.stderr[-2000:]

@@ -22,6 +22,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The search path for an error message; says where it would come from when it is empty.
+std::string DescribeSearchPath() {
+  const std::vector<std::string> roots = PythonPackageSearchPath();
+  if (roots.empty()) {
+    return "no folder (FERRY_PJRT_SEARCH_PATH, PYTHONPATH and VIRTUAL_ENV are unset, and this "
+           "ferry is not installed in a Python environment)";
+  }
+  return fmt::format("{}", fmt::join(roots, ":"));
+}
+
 // Entries ferry calls on every plugin; a table without one of them is refused at load time, so
 // the rest of the backend may call them without a check.
 constexpr size_t kRequiredEntries[] = {
@@ -177,7 +187,7 @@ StatusOr<std::string> FindRequested(std::string_view requested, std::string_view
   return UnavailableError(fmt::format(
       "{}: '{}' is neither a file nor an installed Python package with a PJRT plugin (searched: "
       "{})",
-      origin, requested, fmt::join(PythonPackageSearchPath(), ":")));
+      origin, requested, DescribeSearchPath()));
 }
 
 }  // namespace
@@ -203,6 +213,30 @@ StatusOr<const PjrtLibrary*> LoadPjrtLibrary(const std::string& path) {
   return result;
 }
 
+namespace {
+
+// The site-packages folder of the ferry package that holds this code, when it is installed as
+// one (pip: site-packages/ferry/libferry.so; a plugin built without libferry.so sits there too):
+// a process that loads ferry's PJRT plugin without importing ferry (torch_xla with
+// PJRT_LIBRARY_PATH, JAX's register_plugin) finds the plugins installed beside ferry.
+std::optional<fs::path> SitePackagesHoldingThisFerry() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&PythonPackageSearchPath), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return std::nullopt;
+  }
+  std::error_code error;
+  const fs::path library = fs::canonical(fs::path(info.dli_fname), error);
+  if (error) return std::nullopt;
+  const fs::path package = library.parent_path();
+  if (package.filename() != "ferry" || !fs::is_regular_file(package / "__init__.py", error)) {
+    return std::nullopt;
+  }
+  return package.parent_path();
+}
+
+}  // namespace
+
 std::vector<std::string> PythonPackageSearchPath() {
   std::vector<std::string> roots;
   auto add_list = [&roots](const char* list) {
@@ -227,6 +261,11 @@ std::vector<std::string> PythonPackageSearchPath() {
       }
     }
   }
+  if (const std::optional<fs::path> site = SitePackagesHoldingThisFerry(); site.has_value()) {
+    if (std::find(roots.begin(), roots.end(), site->string()) == roots.end()) {
+      roots.push_back(site->string());
+    }
+  }
 #ifdef FERRY_PJRT_BUILD_SITE_PACKAGES
   // The packages of the Python environment this ferry was built with (where its header came from).
   add_list(FERRY_PJRT_BUILD_SITE_PACKAGES);
@@ -245,7 +284,7 @@ StatusOr<std::string> FindPjrtPlugin(std::string_view requested) {
   return UnavailableError(fmt::format(
       "no PJRT plugin: set FERRY_PJRT_PLUGIN to a plugin's path or package, or install one (pip "
       "install xla-cpu-pjrt); searched: {}",
-      fmt::join(PythonPackageSearchPath(), ":")));
+      DescribeSearchPath()));
 }
 
 }  // namespace ferry::pjrt

@@ -46,7 +46,9 @@ StatusOr<const PjrtLibrary*> LoadPjrtLibrary(const std::string& path);
 // The folders where installed Python packages live, in search order: the setting
 // FERRY_PJRT_SEARCH_PATH (a ':'-separated list; the Python package sets it from sys.path;
 // ferry/core/settings.h), then PYTHONPATH, then
-// $VIRTUAL_ENV/lib/python3.*/site-packages, then the site-packages this ferry was built against.
+// $VIRTUAL_ENV/lib/python3.*/site-packages, then the site-packages that holds this ferry when it
+// is installed as a Python package (site-packages/ferry/libferry.so: a process that loads ferry's
+// PJRT plugin without importing ferry), then the site-packages this ferry was built against.
 std::vector<std::string> PythonPackageSearchPath();
 
 // The plugin file ferry uses for `requested`:
