@@ -269,10 +269,10 @@ Status SetSetting(std::string_view name, std::string_view value) {
     return UnknownSetting(name);
   }
   if (FindSetting(name)->scope == SettingScope::kPlugin) {
-    return FailedPreconditionError(
-        fmt::format("{} is read by ferry_pjrt_plugin.so from the environment only, when a framework "
-                    "loads it: set it in the environment before the plugin is loaded",
-                    name));
+    return FailedPreconditionError(fmt::format(
+        "{} is read by ferry_pjrt_plugin.so from the environment only, when a framework "
+        "loads it: set it in the environment before the plugin is loaded",
+        name));
   }
   if (!value.empty()) FERRY_RETURN_IF_ERROR(Validate(name, value));
   {
