@@ -459,6 +459,7 @@ TEST_F(FerryPjrtPluginTest, a_large_put_returns_before_ferry_has_written_it) {
     auto put = client.PutArgs(source.data(), PJRT_Buffer_Type_F32, dims, &transposed);
     put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
     ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+    EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
     std::vector<float> original = source;
     std::fill(source.begin(), source.end(), 0.0f);
     EXPECT_EQ(read_back(put.buffer), expected);
