@@ -29,6 +29,18 @@ def run_with_prelude(code, timeout):
     return run_python(PRELUDE + textwrap.dedent(code), timeout=timeout)
 
 
+def assert_exits_cleanly(code, attempts=3, quiet=False):
+    """Runs `code` (which prints "main done" and returns while other threads still work)
+    `attempts` times: each run must exit 0; `quiet`: and say nothing of leaks on stderr."""
+    for attempt in range(attempts):
+        result = run_python(textwrap.dedent(code), timeout=60)
+        assert "main done" in result.stdout, result.stderr
+        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+        if quiet:
+            assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
+            assert "reference counting" not in result.stderr, (attempt, result.stderr[-2000:])
+
+
 def test_a_forked_child_rebuilds_the_host_client_and_transfers():
     code = """
     import os, sys
@@ -130,10 +142,7 @@ def test_exit_while_a_daemon_thread_is_inside_a_blocking_call_is_clean(call):
     time.sleep(0.3)
     print("main done", flush=True)
     """
-    for attempt in range(3):
-        result = run_python(code, timeout=60)
-        assert "main done" in result.stdout, result.stderr
-        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+    assert_exits_cleanly(code)
 
 
 @pytest.mark.parametrize("device_name", DEVICE_NAMES)
@@ -159,12 +168,7 @@ def test_exit_while_daemon_threads_put_and_read_is_quiet(device_name):
     time.sleep(0.2)
     print("main done", flush=True)
     """
-    for attempt in range(3):
-        result = run_python(code, timeout=60)
-        assert "main done" in result.stdout, result.stderr
-        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
-        assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
-        assert "reference counting" not in result.stderr, (attempt, result.stderr[-2000:])
+    assert_exits_cleanly(code, quiet=True)
 
 
 def test_a_daemon_thread_inside_load_file_at_exit_is_clean(tmp_path):
@@ -190,10 +194,7 @@ def test_a_daemon_thread_inside_load_file_at_exit_is_clean(tmp_path):
     time.sleep(0.2)
     print("main done", flush=True)
     """
-    for attempt in range(3):
-        result = run_python(textwrap.dedent(code), timeout=60)
-        assert "main done" in result.stdout, result.stderr
-        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+    assert_exits_cleanly(code)
 
 
 def test_ferry_calls_made_while_the_interpreter_finalises_finish():
@@ -259,8 +260,4 @@ def test_exit_with_a_raw_thread_inside_ferry_is_quiet():
     time.sleep(0.2)
     print("main done", flush=True)
     """
-    for attempt in range(3):
-        result = run_python(textwrap.dedent(code), timeout=60)
-        assert "main done" in result.stdout, result.stderr
-        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
-        assert "leaked" not in result.stderr, (attempt, result.stderr[-2000:])
+    assert_exits_cleanly(code, quiet=True)
