@@ -16,12 +16,17 @@ cd "$root"
 # compiler cache) and needs 18 at its peak (pip unpacking those wheels; measured 2026-12-06);
 # a later run a few hundred MiB. Printed at the start and with every stage, so
 # that a build that dies of a full disk says so in the log before the linker's ENOSPC.
-free_gib() { df -Pk "$root" "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null |
-  awk 'NR > 1 && (min == "" || $4 < min) { min = $4 } END { printf "%.1f", min / 1048576 }'; }
+# The nearest existing folder at or above $1 (df needs one that exists).
+existing() { local path=$1; while [[ ! -e $path && $path != / ]]; do path=$(dirname "$path"); done; echo "$path"; }
+free_gib() {
+  df -Pk "$root" "$(existing "${FERRY_XLA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry/venv-xla}")" \
+    2>/dev/null | awk 'NR > 1 && (min == "" || $4 < min) { min = $4 } END { printf "%.1f", min / 1048576 }'
+}
 echo "test.sh: $(free_gib) GiB free on the disk of $root"
 if awk -v free="$(free_gib)" 'BEGIN { exit !(free < 20) }'; then
   echo "test.sh: warning: a first run needs about 18 GiB of free disk (builds, .venv, torch_xla's" \
-    "venv in ${XDG_CACHE_HOME:-$HOME/.cache}/ferry); with less a build or an install may fail" \
+    "venv in ${FERRY_XLA_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry/venv-xla}); with less a" \
+    "build or an install may fail" \
     "with 'No space left on device'" >&2
 fi
 

@@ -26,8 +26,8 @@ class Mesh:
             raise InvalidArgumentError(
                 f"mesh shape {[int(n) for n in shape]} needs {needed} devices, got "
                 f"{len(resolved)}: {_ferry._device_count_hint('host')}")
-        if isinstance(axis_names, str):
-            axis_names = (axis_names,)  # one axis, as JAX's Mesh takes it
+        # One str is one axis, as JAX's Mesh takes it; any other iterable is read once.
+        axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
         if not all(isinstance(a, str) for a in axis_names):
             raise InvalidArgumentError(
                 f"mesh axis names must be a sequence of str, got {axis_names!r} (a spec names "

@@ -184,6 +184,27 @@ def _local_extents(sharding: Sharding, shape: Sequence[int]) -> list[list[tuple[
     return [sorted({(index[d].start, index[d].stop) for index in local}) for d in range(len(shape))]
 
 
+def _infer_global_shape(sharding: Sharding, local: np.ndarray) -> list[int]:
+    """The global shape this process's `local` part implies: along each dim, the local size over
+    the number of distinct shard ranges here, times their number globally."""
+    probe = [int(np.prod(sharding.mesh.shape))] * local.ndim  # every split divides it evenly
+    all_ranges = [sorted({(i[d].start, i[d].stop) for i in sharding.shard_indices(probe)})
+                  for d in range(local.ndim)]
+    here = _local_extents(sharding, probe)
+    global_shape = []
+    for d, n in enumerate(local.shape):
+        if not here[d]:
+            raise InvalidArgumentError("make_array_from_process_local_data: this process has "
+                                       "no device in the sharding's mesh; pass global_shape")
+        if n % len(here[d]):
+            raise InvalidArgumentError(
+                f"make_array_from_process_local_data: dim {d} of the local data ({n}) does "
+                f"not split evenly into this process's {len(here[d])} shard(s); pass "
+                "global_shape")
+        global_shape.append(n // len(here[d]) * len(all_ranges[d]))
+    return global_shape
+
+
 def make_array_from_process_local_data(
     sharding: Sharding,
     local_data: Any,
@@ -201,23 +222,14 @@ def make_array_from_process_local_data(
     if inferred and all(d.is_addressable for d in sharding.mesh.devices):
         global_shape = local.shape  # every shard is this process's: the local data is all of it
     elif inferred:
-        probe = [int(np.prod(sharding.mesh.shape))] * local.ndim  # every split divides it evenly
-        all_ranges = [sorted({(i[d].start, i[d].stop) for i in sharding.shard_indices(probe)})
-                      for d in range(local.ndim)]
-        here = _local_extents(sharding, probe)
-        global_shape = []
-        for d, n in enumerate(local.shape):
-            if not here[d]:
-                raise InvalidArgumentError("make_array_from_process_local_data: this process has "
-                                           "no device in the sharding's mesh; pass global_shape")
-            if n % len(here[d]):
-                raise InvalidArgumentError(
-                    f"make_array_from_process_local_data: dim {d} of the local data ({n}) does "
-                    f"not split evenly into this process's {len(here[d])} shard(s); pass "
-                    "global_shape")
-            global_shape.append(n // len(here[d]) * len(all_ranges[d]))
-        # Each process infers from its own part: uneven parts give each a different shape, and
-        # shards labelled with the wrong rows. Every process calls this, so they compare.
+        # Each process infers from its own part, and they compare (every process calls this): an
+        # error on one process (parts that do not split evenly) is raised on every process, and
+        # uneven parts, which would give each a different shape and shards labelled with the
+        # wrong rows, are an error everywhere too.
+        from .distributed import agreed
+
+        with agreed("make_array_from_process_local_data: inferring the global shape"):
+            global_shape = _infer_global_shape(sharding, local)
         _ferry._agree_on_value(
             f"global shape: {tuple(int(n) for n in global_shape)}",
             "make_array_from_process_local_data: the global shape inferred from each process's "

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "ferry/core/runtime_thread.h"
+
 namespace ferry {
 
 SerialExecutor::~SerialExecutor() {
@@ -29,6 +31,7 @@ void SerialExecutor::Execute(absl::AnyInvocable<void() &&> task) {
 }
 
 void SerialExecutor::Loop() {
+  RuntimeThreadScope runtime_thread;
   MutexLock lock(mutex_);
   for (;;) {
     while (tasks_.empty() && !stopping_) lock.Wait(task_given_);

@@ -7,6 +7,7 @@
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/host_tensor.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/runtime_thread.h"
 #include "fmt/format.h"
 
 namespace ferry {
@@ -86,6 +87,7 @@ Status StagingRing::Submit(Job job) {
 }
 
 void StagingRing::WorkerLoop() {
+  RuntimeThreadScope runtime_thread;
   MutexLock lock(jobs_mutex_);
   while (true) {
     while (!stopping_ && jobs_.empty()) lock.Wait(job_available_);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ferry/core/runtime_thread.h"
+
 namespace ferry {
 
 TransferEngine::TransferEngine(int num_workers, int64_t chunk_bytes)
@@ -49,6 +51,7 @@ bool TransferEngine::IsJobDone(const Job& job) const {
 }
 
 void TransferEngine::WorkerLoop() {
+  RuntimeThreadScope runtime_thread;
   MutexLock lock(mutex_);
   while (true) {
     while (!stopping_ && queue_.empty()) lock.Wait(work_available_);

@@ -20,7 +20,16 @@ std::atomic<bool> release_gil{true};
 std::atomic<bool> deferred_release{true};
 std::atomic<uint64_t> fork_generation{0};
 
-void OnForkInChild() { fork_generation.fetch_add(1, std::memory_order_relaxed); }
+// The ident of Python's main thread: the one that runs the interpreter's finalisation at exit,
+// which may take the GIL back while finalising (module globals' __del__, generators closed at
+// exit: a ferry call there must finish, not park). 0 until RecordMainThread.
+std::atomic<unsigned long> main_thread_ident{0};
+
+void OnForkInChild() {
+  fork_generation.fetch_add(1, std::memory_order_relaxed);
+  // The forking thread is the child's main thread (CPython's PyOS_AfterFork_Child says so too).
+  main_thread_ident.store(PyThread_get_thread_ident(), std::memory_order_relaxed);
+}
 
 struct ReleaseQueue {
   explicit ReleaseQueue(uint64_t generation) : generation(generation) {}
@@ -54,11 +63,6 @@ bool InterpreterFinalizing() {
 #endif
 }
 
-// The ident of Python's main thread: the one that runs the interpreter's finalisation at exit,
-// which may take the GIL back while finalising (module globals' __del__, generators closed at
-// exit: a ferry call there must finish, not park). 0 until RecordMainThread.
-std::atomic<unsigned long> main_thread_ident{0};
-
 // Whether this thread may not take the GIL back: the interpreter finalises and this thread is not
 // the one finalising it (CPython would end it in PyEval_RestoreThread).
 bool MustNotRetakeTheGil() {
@@ -86,9 +90,16 @@ void InstallForkHandler() {
 }
 
 void RecordMainThread() {
-  const nanobind::object main =
-      nanobind::module_::import_("threading").attr("main_thread")().attr("ident");
-  main_thread_ident.store(nanobind::cast<unsigned long>(main), std::memory_order_relaxed);
+  // The main interpreter's oldest thread state: the main thread's, made at start-up and kept to
+  // the end (new ones go to the head of the list). Not threading.main_thread(), which before
+  // Python 3.13 is whichever thread first imported threading (ferry imported from a thread made
+  // with _thread would then park the real main thread at exit).
+  PyThreadState* oldest = nullptr;
+  for (PyThreadState* state = PyInterpreterState_ThreadHead(PyInterpreterState_Main());
+       state != nullptr; state = PyThreadState_Next(state)) {
+    oldest = state;
+  }
+  if (oldest != nullptr) main_thread_ident.store(oldest->thread_id, std::memory_order_relaxed);
 }
 
 bool OnMainThread() {

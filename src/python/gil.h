@@ -31,8 +31,9 @@ void InstallForkHandler();
 // 0 in the process that imported ferry; +1 in a child per fork since.
 uint64_t ForkGeneration();
 
-// Records Python's main thread (threading.main_thread()), the one that finalises the interpreter
-// at exit. Call at module import, with the GIL.
+// Records Python's main thread (the main interpreter's first thread state), the one that
+// finalises the interpreter at exit; a forked child's is the thread that forked. Call at module
+// import, with the GIL.
 void RecordMainThread();
 // Whether the calling thread is Python's main thread: the only one whose signal handlers run, and
 // the only one that may take the GIL back while the interpreter finalises.

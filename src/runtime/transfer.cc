@@ -5,6 +5,7 @@
 #include "ferry/core/convert.h"
 #include "ferry/core/copy_convert.h"
 #include "ferry/core/metrics.h"
+#include "ferry/core/runtime_thread.h"
 #include "ferry/device/buffer_writer.h"
 #include "ferry/device/client.h"
 #include "ferry/distributed/global_devices.h"
@@ -224,10 +225,14 @@ StatusOr<std::vector<DataPtr>> StartTransfers(absl::Span<const DeviceTransfer> t
   // their end before their handles go, so that what they allocated is free once the error is
   // returned (a host transfer's copy holds its memory until it ends; before, a retry right after
   // a failed put could fail for want of the memory the abandoned one still held).
+  // Not on a runtime thread (a put chained on another's Ready() runs there): what it would wait
+  // for may be queued behind that thread; there the memory comes back when those transfers end.
   auto fail = [&](Status error) -> Status {
     wait_for_sources();  // the caller may reuse the sources once this returns
-    for (const DataPtr& handle : handles) {
-      if (handle != nullptr) handle->Ready().Await().IgnoreError();
+    if (!OnRuntimeThread()) {
+      for (const DataPtr& handle : handles) {
+        if (handle != nullptr) handle->Ready().Await().IgnoreError();
+      }
     }
     return error;
   };

@@ -184,6 +184,18 @@ def case_load(directory):
             assert "global shape inferred" in str(error) and "differs between ranks" in str(error), error
         else:
             raise AssertionError("uneven parts without global_shape did not raise")
+        # A part that does not split into this process's shards, on rank 0 only: every rank
+        # raises that error at once (before: rank 0 raised, the others waited in the collective
+        # until its timeout).
+        part = full[: 3 if me == 0 else 4]
+        started = time.monotonic()
+        try:
+            ferry.make_array_from_process_local_data(ferry.Sharding(mesh, ["all", None]), part)
+        except ferry.InvalidArgumentError as error:
+            assert "does not split evenly" in str(error), error
+            assert time.monotonic() - started < 10, time.monotonic() - started
+        else:
+            raise AssertionError("a part that does not split evenly did not raise")
     print(f"rank {me} ok: {checked} shards match numpy slicing", flush=True)
 
 

@@ -240,6 +240,37 @@ def test_ferry_calls_made_while_the_interpreter_finalises_finish():
     assert "closed (4,) True" in result.stdout, result.stdout + result.stderr
 
 
+def test_the_main_thread_is_known_when_ferry_is_imported_from_another_thread():
+    # Before: the main thread was threading.main_thread() at import, which (Python < 3.13) is the
+    # thread that first imported threading: ferry imported from a _thread thread took that thread
+    # for the main one, and the real main thread was parked at exit (a __del__ calling ferry hung).
+    code = """
+    import _thread, time
+    import numpy as np
+    box = {}
+    def importer():
+        import ferry
+        box["ferry"] = ferry
+    _thread.start_new_thread(importer, ())
+    while "ferry" not in box:
+        time.sleep(0.01)
+
+    class Checkpointer:
+        def __init__(self, ferry):
+            self.ferry = ferry
+        def __del__(self):
+            a = self.ferry.device_put(np.ones(1 << 18), "host:0", semantics="async")
+            a.block_until_ready()
+            print("flushed", a.shape, flush=True)
+
+    checkpointer = Checkpointer(box.pop("ferry"))
+    print("main done", flush=True)
+    """
+    result = run_python(textwrap.dedent(code), timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
+    assert "flushed (262144,)" in result.stdout, result.stdout + result.stderr
+
+
 def test_exit_with_a_raw_thread_inside_ferry_is_quiet():
     # Before: a thread started with _thread.start_new_thread (which threading.enumerate() does not
     # list) made nanobind report 'leaked instances ... reference counting issue' at every exit.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ferry/core/metrics.h"
+#include "ferry/core/runtime_thread.h"
 #include "ferry/device/registry.h"
 #include "ferry/runtime/dtype_policy.h"
 #include "gmock/gmock.h"
@@ -287,6 +288,35 @@ TEST(TransferTest, AFailedAsynchronousBatchLeavesItsMemoryFreeForARetry) {
     ASSERT_TRUE(retry.ok()) << retry.status();
     ASSERT_TRUE((*retry)[0]->Ready().Await().ok());
   }
+}
+
+// ... but never by waiting on a runtime thread: a put chained on another put's Ready() (which
+// runs on the host engine's only worker here) that fails returns at once, although what it
+// started is queued behind that very worker (waiting there for it would never end).
+TEST(TransferTest, AFailedBatchStartedFromAContinuationDoesNotWaitForItsOwnWork) {
+  ClientOptions options;
+  options.capabilities = DeviceCapabilities::All();
+  options.capabilities->memory_limit_bytes = 96 << 20;
+  options.num_worker_threads = 1;
+  auto client = MakeHostClient(options);
+  Device* device = client->devices()[0];
+  TransferToDeviceOptions asynchronous;
+  asynchronous.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  const std::vector<std::shared_ptr<const TensorSource>> both = {
+      MakeSource(DType::kF32, {12 << 20}, "a"), MakeSource(DType::kF32, {12 << 20}, "b")};
+  auto first =
+      TransferToDevice({MakeSource(DType::kF32, {4 << 20}, "first")}, device, asynchronous);
+  ASSERT_TRUE(first.ok()) << first.status();
+  Promise<> chained;
+  std::atomic<bool> on_runtime_thread{false};
+  (*first)[0]->Ready().OnReady([&](const Status&) {
+    on_runtime_thread = OnRuntimeThread();
+    chained.Set(TransferToDevice(both, device, asynchronous).status());
+  });
+  const Status* result = chained.future().AwaitFor(std::chrono::seconds(30));
+  ASSERT_NE(result, nullptr) << "the failed put waited, on the engine's worker, for its own work";
+  EXPECT_EQ(result->code(), absl::StatusCode::kResourceExhausted) << *result;
+  EXPECT_TRUE(on_runtime_thread);
 }
 
 // A batch of many small sources is started on every core (transfer_internal.h,

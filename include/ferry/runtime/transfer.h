@@ -85,7 +85,10 @@ struct TransferToDeviceOptions {
 // A device dtype from which the source's own dtype cannot be read back (a real source stored as
 // complex) is InvalidArgument. All or nothing: if any source fails to start (bad view, dtype, out
 // of device memory), the handles already made by this call are released and the error names that
-// source; data that was on the device before the call is untouched.
+// source; data that was on the device before the call is untouched. On such an error the call
+// first lets the transfers it started run to their end, so that their device memory is free when
+// it returns (a retry can use it) — except on a runtime thread (in a continuation of one of
+// ferry's futures, say), where it never waits: that memory comes back when those transfers end.
 StatusOr<std::vector<DataPtr>> TransferToDevice(
     absl::Span<const std::shared_ptr<const TensorSource>> sources, Device* device,
     const TransferToDeviceOptions& options = {});

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "ferry/core/metrics.h"
+#include "ferry/core/runtime_thread.h"
 #include "fmt/format.h"
 #include "src/device/opencl/opencl_status.h"
 
@@ -74,6 +75,7 @@ struct EventCallback {
 };
 
 void CL_CALLBACK RunEventCallback(cl_event event, cl_int execution_status, void* user_data) {
+  RuntimeThreadScope runtime_thread;  // the OpenCL runtime's thread, running ferry's continuations
   std::unique_ptr<EventCallback> callback(static_cast<EventCallback*>(user_data));
   // clReleaseEvent is not a blocking call: allowed in a callback, and PoCL holds its own
   // reference until the callbacks have returned.

@@ -225,14 +225,19 @@ std::optional<fs::path> SitePackagesHoldingThisFerry() {
       info.dli_fname == nullptr) {
     return std::nullopt;
   }
+  // The path as loaded first (a site-packages/ferry/libferry.so that is a symlink into a build
+  // tree still names its package), then with links resolved.
   std::error_code error;
-  const fs::path library = fs::canonical(fs::path(info.dli_fname), error);
-  if (error) return std::nullopt;
-  const fs::path package = library.parent_path();
-  if (package.filename() != "ferry" || !fs::is_regular_file(package / "__init__.py", error)) {
-    return std::nullopt;
+  const fs::path loaded = fs::absolute(fs::path(info.dli_fname), error).lexically_normal();
+  for (const fs::path& library : {loaded, fs::canonical(loaded, error)}) {
+    if (library.empty()) continue;
+    const fs::path package = library.parent_path();
+    std::error_code missing;
+    if (package.filename() == "ferry" && fs::is_regular_file(package / "__init__.py", missing)) {
+      return package.parent_path();
+    }
   }
-  return package.parent_path();
+  return std::nullopt;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "ferry/core/runtime_thread.h"
 #include "fmt/format.h"
 #include "src/core/tsan_hand_off.h"
 
@@ -25,6 +26,7 @@ struct ReadyCallback {
 };
 
 void RunReadyCallback(PJRT_Error* error, void* user_arg) {
+  RuntimeThreadScope runtime_thread;  // a plugin's thread, running ferry's continuations
   TakeBackFromPlugin(user_arg);
   std::unique_ptr<ReadyCallback> callback(static_cast<ReadyCallback*>(user_arg));
   Status status = ErrorToStatus(*callback->api, error, callback->what);
