@@ -309,7 +309,9 @@ TEST(TransferTest, AFailedBatchStartedFromAContinuationDoesNotWaitForItsOwnWork)
   ASSERT_TRUE(first.ok()) << first.status();
   Promise<> chained;
   std::atomic<bool> on_runtime_thread{false};
-  (*first)[0]->Ready().OnReady([&](const Status&) {
+  // `chained` by value: the worker holds the promise's state while it sets it (the test's copy
+  // goes as soon as the wait below returns).
+  (*first)[0]->Ready().OnReady([&, chained](const Status&) {
     on_runtime_thread = OnRuntimeThread();
     chained.Set(TransferToDevice(both, device, asynchronous).status());
   });
