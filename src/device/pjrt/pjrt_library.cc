@@ -244,33 +244,28 @@ std::optional<fs::path> SitePackagesHoldingThisFerry() {
 
 std::vector<std::string> PythonPackageSearchPath() {
   std::vector<std::string> roots;
-  auto add_list = [&roots](const char* list) {
+  auto add = [&roots](std::string root) {
+    if (std::find(roots.begin(), roots.end(), root) == roots.end())
+      roots.push_back(std::move(root));
+  };
+  auto add_list = [&add](const char* list) {
     if (list == nullptr) return;
     for (absl::string_view piece : absl::StrSplit(list, ':', absl::SkipEmpty())) {
-      const std::string entry(piece);
-      if (std::find(roots.begin(), roots.end(), entry) == roots.end()) roots.emplace_back(entry);
+      add(std::string(piece));
     }
   };
-  for (const std::string& folder : settings::PjrtSearchPath()) {
-    if (std::find(roots.begin(), roots.end(), folder) == roots.end()) roots.push_back(folder);
-  }
+  for (const std::string& folder : settings::PjrtSearchPath()) add(folder);
   add_list(std::getenv("PYTHONPATH"));
   if (const char* venv = std::getenv("VIRTUAL_ENV"); venv != nullptr && *venv != '\0') {
     for (const fs::path& lib : SubfoldersOf(fs::path(venv) / "lib")) {
       const std::string name = lib.filename().string();
       fs::path site = lib / "site-packages";
-      if (name.rfind("python3", 0) == 0 && fs::is_directory(site)) {
-        if (std::find(roots.begin(), roots.end(), site.string()) == roots.end()) {
-          roots.push_back(site.string());
-        }
-      }
+      if (name.rfind("python3", 0) == 0 && fs::is_directory(site)) add(site.string());
     }
   }
-  if (const std::optional<fs::path> site = SitePackagesHoldingThisFerry(); site.has_value()) {
-    if (std::find(roots.begin(), roots.end(), site->string()) == roots.end()) {
-      roots.push_back(site->string());
-    }
-  }
+  // Where this code lies does not change while the process runs: looked up once.
+  static const std::optional<fs::path> holding_this_ferry = SitePackagesHoldingThisFerry();
+  if (holding_this_ferry.has_value()) add(holding_this_ferry->string());
 #ifdef FERRY_PJRT_BUILD_SITE_PACKAGES
   // The packages of the Python environment this ferry was built with (where its header came from).
   add_list(FERRY_PJRT_BUILD_SITE_PACKAGES);
