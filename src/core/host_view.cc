@@ -1,7 +1,10 @@
 #include "ferry/core/host_view.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -98,6 +101,28 @@ StatusOr<AddressedBytes> BasicHostView<Pointer>::ComputeAddressedBytes(
         fmt::format("tensor '{}': addressed bytes overflow int64", tensor_name));
   }
   return AddressedBytes{low, end};
+}
+
+template <typename Pointer>
+bool BasicHostView<Pointer>::ElementsAreDistinct() const {
+  if (SaturatedNumElements(dims) <= 1) return true;
+  absl::InlinedVector<std::pair<uint64_t, int64_t>, 6> strided;  // |stride|, dim
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i] <= 1) continue;
+    const int64_t stride = byte_strides[i];
+    const uint64_t magnitude =
+        stride < 0 ? uint64_t{0} - static_cast<uint64_t>(stride) : static_cast<uint64_t>(stride);
+    strided.emplace_back(magnitude, dims[i]);
+  }
+  std::sort(strided.begin(), strided.end());
+  // `covered`: the bytes, from the lowest, that the dims already placed address (one element's).
+  auto covered = static_cast<uint64_t>(element_size());
+  for (const auto& [stride, dim] : strided) {
+    if (stride < covered) return false;
+    // A validated view's extent fits in int64, so this does not overflow.
+    covered += stride * static_cast<uint64_t>(dim - 1);
+  }
+  return true;
 }
 
 template <typename Pointer>

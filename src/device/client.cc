@@ -204,6 +204,13 @@ Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const Mutabl
     return InvalidArgumentError(
         fmt::format("ToHost: null destination pointer for {} elements", dst.num_elements()));
   }
+  if (!dst.ElementsAreDistinct()) {
+    return InvalidArgumentError(fmt::format(
+        "ToHost: the destination's byte strides [{}] give two of its elements the same bytes "
+        "(or interleave its dims); a read writes elements in parallel and needs each at bytes of "
+        "its own",
+        fmt::join(dst.byte_strides, ",")));
+  }
   return CopyConvertPlan::Create(HostView::Dense(nullptr, device_dtype, buffer_dims), dst).status();
 }
 

@@ -5,6 +5,7 @@
 // (Strides that address bytes outside the caller's memory are the runtime's check:
 // ValidateWithin needs the memory region, which the device API does not receive.)
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -209,6 +210,34 @@ TEST_P(ConformanceErrors, ToHostWithWrongDimsIsInvalidArgument) {
   // The buffer is still whole.
   CT_ASSERT_OK_AND_ASSIGN(std::vector<std::byte> actual, ReadBack(*buffer));
   EXPECT_TRUE(BytesEqual(source.ToVector(), actual));
+}
+
+// ToHost into a destination whose elements share bytes (a broadcast dim, rows overlapping) is
+// refused before anything is written: the read writes elements in parallel, so which value would
+// land there is a race.
+TEST_P(ConformanceErrors, ToHostIntoADestinationWhoseElementsOverlapIsInvalidArgument) {
+  HostBytes source = RandomDenseTensor(rng(), DType::kF32, {4, 5});
+  CT_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Buffer> buffer,
+                          client().BufferFromHostBuffer(
+                              HostView::Dense(source.data(), DType::kF32, {4, 5}), DType::kF32,
+                              device(), HostBufferSemantics::kImmutableOnlyDuringCall, nullptr));
+  HostBytes dst(256);
+  FillRandom(rng(), DType::kU8, dst.span());
+  const auto invalid = absl::StatusCode::kInvalidArgument;
+  for (const Dims& strides : std::vector<Dims>{{0, 4}, {20, 0}, {8, 4}, {-8, 4}, {4, 4}}) {
+    ExpectToHostFails(*buffer, MutableHostView(dst.data() + 128, DType::kF32, {4, 5}, strides), dst,
+                      invalid);
+  }
+  // Rows apart by exactly one row, in either order, are distinct: the read goes through.
+  HostBytes reversed_rows(4 * 5 * 4);
+  ASSERT_TRUE(
+      buffer->ToHost(MutableHostView(reversed_rows.data() + 3 * 20, DType::kF32, {4, 5}, {-20, 4}))
+          .Await()
+          .ok());
+  for (int64_t row = 0; row < 4; ++row) {
+    EXPECT_EQ(std::memcmp(reversed_rows.data() + (3 - row) * 20, source.data() + row * 20, 20), 0)
+        << "row " << row;
+  }
 }
 
 // ToHost into a dtype the device dtype does not convert to follows CheckConvertible's codes.

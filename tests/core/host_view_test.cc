@@ -52,6 +52,27 @@ TEST(HostViewTest, ZeroStrideBroadcastsOneElement) {
   EXPECT_TRUE(view.ValidateWithin(&value, 4, "scalar").ok());
 }
 
+TEST(HostViewTest, ElementsAreDistinctFollowsTheNestedStridesRule) {
+  auto distinct = [](Dims dims, Dims strides) {
+    return MutableHostView(nullptr, DType::kF32, std::move(dims), std::move(strides))
+        .ElementsAreDistinct();
+  };
+  EXPECT_TRUE(distinct({4, 5}, {20, 4}));
+  EXPECT_TRUE(distinct({4, 5}, {4, 16}));    // a transpose
+  EXPECT_TRUE(distinct({4, 5}, {-20, -4}));  // reversed
+  EXPECT_TRUE(distinct({4, 5}, {40, 8}));    // gaps
+  EXPECT_TRUE(distinct({1, 5}, {0, 4}));     // a size-1 dim's stride is never used
+  EXPECT_TRUE(distinct({0, 5}, {0, 0}));     // no elements
+  EXPECT_TRUE(distinct({}, {}));
+  EXPECT_FALSE(distinct({4, 5}, {0, 4}));   // broadcast
+  EXPECT_FALSE(distinct({4, 5}, {8, 4}));   // rows overlap
+  EXPECT_FALSE(distinct({4, 5}, {20, 2}));  // elements overlap by half
+  EXPECT_FALSE(distinct({2, 2}, {4, -4}));  // the same element twice
+  // Distinct but interleaved (strides of 3 and 2 elements over dims of 2 and 3): the rule is
+  // sufficient only, so it answers false.
+  EXPECT_FALSE(distinct({2, 3}, {12, 8}));
+}
+
 TEST(HostViewTest, ZeroSizeDimAddressesNothing) {
   HostView view(nullptr, DType::kF64, {3, 0, 5}, {1 << 20, 8, 8});
   auto addressed = view.ComputeAddressedBytes("empty");

@@ -93,6 +93,11 @@ struct BasicHostView {
   // True when the bytes in memory are the elements as the host reads them: not byte_swapped, or
   // a dtype without byte order (1-byte elements). Raw-memory paths need this.
   bool IsNativeByteOrder() const { return !byte_swapped || DTypeSize(dtype) == 1; }
+  // True when no two elements share a byte, by the nested-strides rule: with the dims of size > 1
+  // ordered by |stride|, each stride clears everything the smaller ones address. Sufficient, not
+  // necessary: interleaved layouts whose elements are distinct (strides 2 and 3 elements over dims
+  // 3 and 2) answer false too. Call on a validated view (ComputeAddressedBytes).
+  bool ElementsAreDistinct() const;
 
   // Checks the view's own consistency: as many strides as dims, no negative dim, and the
   // addressed byte range computable without int64 overflow. Errors name `tensor_name`,

@@ -101,7 +101,9 @@ class Buffer {
 };
 
 // Checks shared by every backend before a ToHost starts: `dst` has the buffer's dims, is
-// self-consistent, and `device_dtype` converts to its dtype. InvalidArgument/Unimplemented else.
+// self-consistent, its elements are distinct (MutableHostView::ElementsAreDistinct: no stride 0,
+// no overlapping rows) and `device_dtype` converts to its dtype. InvalidArgument/Unimplemented
+// else.
 Status CheckToHostArgs(const Dims& buffer_dims, DType device_dtype, const MutableHostView& dst);
 
 // Checks shared by every backend before a CopyRawToHost starts: [offset, offset + size) lies in
