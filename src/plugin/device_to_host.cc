@@ -57,6 +57,51 @@ Status CheckDestinationSize(size_t dst_size, int64_t size_bytes) {
       "ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes", dst_size, size_bytes));
 }
 
+// Whether `event` has completed without error.
+bool CompleteWithoutError(const PJRT_Api& api, PJRT_Event* event) {
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = event;
+  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || !is_ready.is_ready) return false;
+  auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
+  error.event = event;
+  return TakeError(api, api.PJRT_Event_Error(&error)).ok();
+}
+
+// The plugin's ready event of `buffer` (the caller owns it); null where it cannot be had.
+PJRT_Event* ReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer;
+  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) return nullptr;
+  return ready.event;
+}
+
+// Whether `buffer` is complete, its memory there and not failed.
+bool BufferCompleteWithoutError(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  PJRT_Event* ready = ReadyEvent(api, buffer);
+  if (ready == nullptr) return false;
+  const bool complete = CompleteWithoutError(api, ready);
+  pjrt::DestroyEvent(api, ready);
+  return complete;
+}
+
+// A future that completes when the plugin completes `buffer` (with or without an error), for a
+// buffer not complete yet; nullopt for one that is (or whose readiness cannot be asked).
+std::optional<Future<>> UntilComplete(const PJRT_Api& api, PJRT_Buffer* buffer) {
+  PJRT_Event* ready = ReadyEvent(api, buffer);
+  if (ready == nullptr) return std::nullopt;
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = ready;
+  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || is_ready.is_ready) {
+    pjrt::DestroyEvent(api, ready);
+    return std::nullopt;
+  }
+  Promise<> complete;
+  pjrt::OnEventReady(
+      api, ready, [complete](Status status) { complete.Set(std::move(status)); },
+      "the buffer to read");
+  return complete.future();
+}
+
 // The buffer's memory when ferry may read it itself, with an external reference held on it (the
 // caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read.
 std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffer) {
@@ -85,6 +130,10 @@ std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffe
       !pjrt::IsRowMajorUntiled(layout.layout, shape->second.size())) {
     return std::nullopt;
   }
+  // Only a complete buffer's memory is taken: for a buffer whose memory is not there yet (a
+  // pending buffer the caller fulfils later) the CPU plugin's IncreaseExternalReferenceCount waits
+  // until it is, and for one whose memory failed it aborts the process.
+  if (!BufferCompleteWithoutError(api, buffer)) return std::nullopt;
   // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
   // does for DLPack or numpy), whatever another thread does to the buffer meanwhile; it lives in
   // the caller's handle, whose PJRT_Buffer_Destroy ferry defers until the read is over (BeginUse).
@@ -134,16 +183,6 @@ void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan p
   }
   ReleaseHold(*plugin, buffer);
   copied.Set(std::move(ready));
-}
-
-// Whether `event` has completed without error.
-bool CompleteWithoutError(const PJRT_Api& api, PJRT_Event* event) {
-  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
-  is_ready.event = event;
-  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || !is_ready.is_ready) return false;
-  auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
-  error.event = event;
-  return TakeError(api, api.PJRT_Event_Error(&error)).ok();
 }
 
 // ferry's read of `source` (held by an external reference, which this takes over) into `dst`:
@@ -203,8 +242,9 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
 // The read of args->src into args->dst (`args` a copy of the caller's, without its pointers into
 // the caller's memory: host_layout and extension_start null), in the row-major host layout when
 // `row_major_host_layout` (the caller asked for it), else in the buffer's own, by ferry where it
-// can read the buffer, else by the plugin: its future. For a read that waited for a put's
-// fulfilment; runs on the fulfilment thread, which it never holds up with the copy.
+// can read the buffer (complete, not failed), else by the plugin (which reports a failed buffer's
+// error): its future. For a read that waited for the buffer to complete (ReadOnceComplete); runs
+// on the fulfilment thread, which it never holds up with the copy.
 Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args,
                  bool row_major_host_layout) {
   const PJRT_Api& api = plugin.wrapped();
@@ -238,13 +278,15 @@ Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args,
   return read.future();
 }
 
-// A read of a buffer that ferry's put returned before writing it (`fulfilled`: its fulfilment):
-// planned and checked now, started once the plugin has the buffer fulfilled, and the call
-// returns at once with ferry's event. Nullopt, with nothing done, where it cannot be planned now
+// A read of a buffer not complete yet, `complete` completing when it is: one that ferry's put
+// returned before writing (its fulfilment), or any the plugin has not completed (an Execute's
+// output still being computed, a pending buffer the caller fulfils later): planned and checked
+// now, started on the fulfilment thread once the buffer is complete, and the call returns at once
+// with ferry's event. Nullopt, with nothing done, where it cannot be planned now
 // (a host layout other than the buffer's own row-major one, an element type ferry does not know):
 // the caller then reads as for any buffer.
-std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future<>& fulfilled,
-                                             PJRT_Buffer_ToHostBuffer_Args* args) {
+std::optional<PJRT_Error*> ReadOnceComplete(WrappedPlugin& plugin, const Future<>& complete,
+                                            PJRT_Buffer_ToHostBuffer_Args* args) {
   std::optional<std::pair<DType, Dims>> shape = KnownTypeAndDims(plugin.wrapped(), args->src);
   if (!shape.has_value() || (args->host_layout != nullptr &&
                              !pjrt::IsRowMajorUntiled(*args->host_layout, shape->second.size()))) {
@@ -264,21 +306,21 @@ std::optional<PJRT_Error*> ReadOnceFulfilled(WrappedPlugin& plugin, const Future
   const bool row_major_host_layout = later.host_layout != nullptr;  // checked row-major above
   later.host_layout = nullptr;
   later.extension_start = nullptr;
-  fulfilled.OnReady(plugin.fulfilments(),
-                    [plugin = &plugin, later, row_major_host_layout, read](const Status&) mutable {
-                      ReadNow(*plugin, later, row_major_host_layout)
-                          .OnReady([plugin, buffer = later.src, read](const Status& status) {
-                            plugin->EndUse(buffer);
-                            read.Set(status);
-                          });
-                    });
+  complete.OnReady(plugin.fulfilments(),
+                   [plugin = &plugin, later, row_major_host_layout, read](const Status&) mutable {
+                     ReadNow(*plugin, later, row_major_host_layout)
+                         .OnReady([plugin, buffer = later.src, read](const Status& status) {
+                           plugin->EndUse(buffer);
+                           read.Set(status);
+                         });
+                   });
   return nullptr;
 }
 
 }  // namespace
 
 PJRT_Error* BufferDestroy(PJRT_Buffer_Destroy_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("Buffer_Destroy: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Buffer_Destroy_Args);
   StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
   if (!plugin.ok()) return MakeError(plugin.status());
   if (args->buffer != nullptr && (*plugin)->DeferDestroy(args->buffer)) return nullptr;
@@ -286,18 +328,24 @@ PJRT_Error* BufferDestroy(PJRT_Buffer_Destroy_Args* args) {
 }
 
 PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Buffer_ToHostBuffer_Args);
   if (args->src == nullptr) return MakeError(InvalidArgumentError("ToHostBuffer: null src"));
   StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& api = (*plugin)->wrapped();
   if (args->dst == nullptr) return ByPlugin(api, args);
   if (std::optional<Future<>> pending = (*plugin)->PendingPut(args->src); pending.has_value()) {
-    if (std::optional<PJRT_Error*> deferred = ReadOnceFulfilled(**plugin, *pending, args)) {
+    if (std::optional<PJRT_Error*> deferred = ReadOnceComplete(**plugin, *pending, args)) {
       return *deferred;
     }
     // Another host layout (or a type ferry does not know): the plugin's read, which waits for
     // the fulfilment itself; ferry does not touch a buffer that has no memory yet.
+    return ByPlugin(api, args);
+  }
+  if (std::optional<Future<>> complete = UntilComplete(api, args->src); complete.has_value()) {
+    if (std::optional<PJRT_Error*> deferred = ReadOnceComplete(**plugin, *complete, args)) {
+      return *deferred;
+    }
     return ByPlugin(api, args);
   }
   std::optional<ReadableBuffer> source = Readable(**plugin, args->src);

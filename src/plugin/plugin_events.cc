@@ -53,7 +53,7 @@ PJRT_Event* MakeEvent(Future<> done) {
 void SetWrappedEventApi(const PJRT_Api* wrapped) { wrapped_api.store(wrapped); }
 
 PJRT_Error* EventDestroy(PJRT_Event_Destroy_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Destroy: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Event_Destroy_Args);
   if (args->event == nullptr) return nullptr;
   if (Registry().Remove(args->event)) {
     // The callbacks registered on it hold the future's state: they still run.
@@ -64,7 +64,7 @@ PJRT_Error* EventDestroy(PJRT_Event_Destroy_Args* args) {
 }
 
 PJRT_Error* EventIsReady(PJRT_Event_IsReady_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_IsReady: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Event_IsReady_Args);
   if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
     args->is_ready = mine->done.IsReady();
     return nullptr;
@@ -73,7 +73,7 @@ PJRT_Error* EventIsReady(PJRT_Event_IsReady_Args* args) {
 }
 
 PJRT_Error* EventError(PJRT_Event_Error_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Error: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Event_Error_Args);
   if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
     if (!mine->done.IsReady()) {
       return MakeError(
@@ -85,13 +85,13 @@ PJRT_Error* EventError(PJRT_Event_Error_Args* args) {
 }
 
 PJRT_Error* EventAwait(PJRT_Event_Await_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_Await: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Event_Await_Args);
   if (FerryPluginEvent* mine = AsFerryEvent(args->event)) return ErrorOf(mine->done.Await());
   return Forward(&PJRT_Api::PJRT_Event_Await, args, "PJRT_Event_Await");
 }
 
 PJRT_Error* EventOnReady(PJRT_Event_OnReady_Args* args) {
-  if (args == nullptr) return MakeError(InvalidArgumentError("PJRT_Event_OnReady: null args"));
+  FERRY_CHECK_PLUGIN_ARGS(args, PJRT_Event_OnReady_Args);
   if (FerryPluginEvent* mine = AsFerryEvent(args->event)) {
     if (args->callback == nullptr) {
       return MakeError(InvalidArgumentError("PJRT_Event_OnReady: null callback"));

@@ -26,7 +26,10 @@ PJRT_Error* ExecuteBridged(PJRT_LoadedExecutable_Execute_Args* args) {
   StatusOr<WrappedPlugin*> plugin = WrappedPlugin::Get();
   if (!plugin.ok()) return MakeError(plugin.status());
   const PJRT_Api& wrapped = (*plugin)->wrapped();
-  if (args == nullptr || args->options == nullptr) {
+  // Too small a struct to hold `options`, or none given: the wrapped plugin's to answer.
+  if (args == nullptr ||
+      args->struct_size < PJRT_STRUCT_SIZE(PJRT_LoadedExecutable_Execute_Args, options) ||
+      args->options == nullptr) {
     return wrapped.PJRT_LoadedExecutable_Execute(args);
   }
   const size_t needed = ExecuteOptionsBytesFor(wrapped);

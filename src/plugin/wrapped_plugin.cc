@@ -139,6 +139,14 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
   FERRY_REPLACE(table, PJRT_Buffer_Destroy, &BufferDestroy);
   FERRY_REPLACE(table, PJRT_Client_Destroy, &ClientDestroy);
   FERRY_REPLACE(table, PJRT_LoadedExecutable_Execute, &ExecuteBridged);
+  if (wrapped.struct_size >= kErrorForEachPayloadOffset + sizeof(ErrorForEachPayloadEntry)) {
+    ErrorForEachPayloadEntry wrapped_entry = nullptr;
+    std::memcpy(&wrapped_entry,
+                reinterpret_cast<const std::byte*>(&wrapped) + kErrorForEachPayloadOffset,
+                sizeof(wrapped_entry));
+    SetWrappedForEachPayload(wrapped_entry);
+    Replace(table, kErrorForEachPayloadOffset, &ErrorForEachPayload);
+  }
   plugin->table_ = table;
   plugin->workers_.store(new ProcessWorkers(internal::ForkGeneration(), NumCopyWorkers()),
                          std::memory_order_release);

@@ -143,6 +143,18 @@ void SetRaw(Enum& field, std::underlying_type_t<Enum> value) {
   std::memcpy(&field, &value, sizeof(value));
 }
 
+// PJRT_Error_ForEachPayload's slot in tables newer than this header (API 0.9x on) and its args,
+// as the newer header declares them.
+constexpr size_t kForEachPayloadOffset = 1096;
+struct ForEachPayloadArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_Error* error;
+  void (*visitor)(const char* key, size_t key_size, const char* value, size_t value_size,
+                  void* user_arg);
+  void* user_arg;
+};
+
 class FerryPjrtPluginTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -175,13 +187,19 @@ TEST_F(FerryPjrtPluginTest,
       offsetof(PJRT_Api, PJRT_Buffer_Destroy), offsetof(PJRT_Api, PJRT_Client_Destroy),
       // The version bridge (version_bridge.h).
       offsetof(PJRT_Api, PJRT_LoadedExecutable_Execute)};
+  // PJRT_Error_ForEachPayload (newer than this header: its slot, src/plugin/plugin_errors.h).
+  std::vector<size_t> replaced_here = replaced;
+  if (wrapped().struct_size >= kForEachPayloadOffset + sizeof(void*)) {
+    replaced_here.push_back(kForEachPayloadOffset);
+  }
   int same = 0;
   for (size_t offset = offsetof(PJRT_Api, PJRT_Error_Destroy);
        offset + sizeof(void*) <= wrapped().struct_size; offset += sizeof(void*)) {
     const bool equal =
         std::memcmp(reinterpret_cast<const std::byte*>(&ferry()) + offset,
                     reinterpret_cast<const std::byte*>(&wrapped()) + offset, sizeof(void*)) == 0;
-    const bool is_replaced = std::find(replaced.begin(), replaced.end(), offset) != replaced.end();
+    const bool is_replaced =
+        std::find(replaced_here.begin(), replaced_here.end(), offset) != replaced_here.end();
     EXPECT_EQ(equal, !is_replaced) << "entry at offset " << offset;
     same += equal;
   }
@@ -257,6 +275,87 @@ TEST_F(FerryPjrtPluginTest, bad_input_that_crashes_the_plugin_is_refused_with_an
     EXPECT_EQ(args.data, nullptr);
   }
   EXPECT_NE(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(nullptr)), "");
+}
+
+// JAX calls PJRT_Error_ForEachPayload on every error it gets from a table long enough to have
+// it: one of ferry's errors has no payloads (given to the wrapped plugin's entry, it crashed JAX
+// over the 0.115 plugin).
+TEST_F(FerryPjrtPluginTest, error_for_each_payload_visits_nothing_for_ferrys_errors) {
+  if (wrapped().struct_size < kForEachPayloadOffset + sizeof(void*)) {
+    GTEST_SKIP() << "the wrapped plugin's table (API " << Wrapped()->minor_version
+                 << ") has no PJRT_Error_ForEachPayload";
+  }
+  using Entry = PJRT_Error* (*)(ForEachPayloadArgs*);
+  Entry for_each_payload = nullptr;
+  std::memcpy(&for_each_payload,
+              reinterpret_cast<const std::byte*>(&ferry()) + kForEachPayloadOffset,
+              sizeof(for_each_payload));
+  ASSERT_NE(for_each_payload, nullptr);
+  // Two of ferry's errors: a refusal (INVALID_ARGUMENT) and a 16 TiB broadcast put that cannot be
+  // allocated (RESOURCE_EXHAUSTED, JAX's crash).
+  Client client(ferry());
+  alignas(64) static const float zero = 0;
+  const std::vector<int64_t> huge = {int64_t{1} << 42};
+  const std::vector<int64_t> broadcast = {0};
+  auto refused = client.PutArgs(&zero, PJRT_Buffer_Type_F32, huge, &broadcast);
+  refused.client = nullptr;
+  auto unallocatable = client.PutArgs(&zero, PJRT_Buffer_Type_F32, huge, &broadcast);
+  for (auto& [put, expected] :
+       std::vector<std::pair<PJRT_Client_BufferFromHostBuffer_Args, std::string>>{
+           {refused, "3: ferry_pjrt_plugin: "}, {unallocatable, "8: ferry_pjrt_plugin: "}}) {
+    PJRT_Error* mine = ferry().PJRT_Client_BufferFromHostBuffer(&put);
+    ASSERT_NE(mine, nullptr);
+    int visited = 0;
+    ForEachPayloadArgs args{sizeof(ForEachPayloadArgs), nullptr, mine,
+                            [](const char*, size_t, const char*, size_t, void* user_arg) {
+                              ++*static_cast<int*>(user_arg);
+                            },
+                            &visited};
+    EXPECT_EQ(Describe(ferry(), for_each_payload(&args)), "");
+    EXPECT_EQ(visited, 0);
+    EXPECT_EQ(Describe(ferry(), mine).rfind(expected, 0), 0u);
+  }
+  ForEachPayloadArgs args{};
+  // Too small a struct to hold the error: refused, nothing read past it.
+  args.struct_size = 16;
+  EXPECT_EQ(Describe(ferry(), for_each_payload(&args)).rfind("3: ", 0), 0u);
+}
+
+// ferry's own entries refuse a caller's args struct smaller than the fields they read and write,
+// as the plugins do, instead of writing past its end (ToHostBuffer's `event` is its last field).
+TEST_F(FerryPjrtPluginTest, an_args_struct_too_small_for_ferrys_entries_is_refused) {
+  Client client(ferry());
+  const float data[4] = {1, 2, 3, 4};
+  const std::vector<int64_t> dims = {4};
+  auto put = client.PutArgs(data, PJRT_Buffer_Type_F32, dims, nullptr);
+  put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+  EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+  float out[4] = {};
+  // The caller's struct ends before `event`; the bytes after it must stay as they were.
+  std::vector<std::byte> memory(sizeof(PJRT_Buffer_ToHostBuffer_Args), std::byte{0x5a});
+  auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  read.struct_size = offsetof(PJRT_Buffer_ToHostBuffer_Args, event);
+  read.src = put.buffer;
+  read.dst = out;
+  read.dst_size = sizeof(out);
+  std::memcpy(memory.data(), &read, read.struct_size);
+  auto* callers = reinterpret_cast<PJRT_Buffer_ToHostBuffer_Args*>(memory.data());
+  const std::string refused = Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(callers));
+  EXPECT_EQ(refused.rfind("3: ", 0), 0u) << refused;
+  EXPECT_NE(refused.find("PJRT_Buffer_ToHostBuffer_Args size"), std::string::npos) << refused;
+  for (size_t i = read.struct_size; i < memory.size(); ++i) {
+    ASSERT_EQ(memory[i], std::byte{0x5a}) << "byte " << i << " past the caller's struct written";
+  }
+  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.struct_size = offsetof(PJRT_Event_IsReady_Args, event);
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&is_ready)).rfind("3: ", 0), 0u);
+  auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  destroy.buffer = put.buffer;
+  destroy.struct_size = offsetof(PJRT_Buffer_Destroy_Args, buffer);
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)).rfind("3: ", 0), 0u);
+  destroy.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
 }
 
 TEST_F(FerryPjrtPluginTest, wrapped_plugin_errors_pass_through_with_the_plugin_message) {
@@ -746,7 +845,6 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_buffer_not_yet_filled_returns_at_once_wi
   read.dst_size = out.size() * sizeof(float);
   ASSERT_EQ(Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read)), "");
   ASSERT_NE(read.event, nullptr);
-  EXPECT_EQ(Counters()[2] - before[2], 1) << "read by ferry";
   auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
   is_ready.event = read.event;
   ASSERT_EQ(Describe(ferry(), ferry().PJRT_Event_IsReady(&is_ready)), "");
@@ -796,6 +894,7 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_buffer_not_yet_filled_returns_at_once_wi
   EXPECT_EQ(seen.calls.load(), 1);
   EXPECT_FALSE(seen.with_error.load());
   EXPECT_EQ(out, source);
+  EXPECT_EQ(Counters()[2] - before[2], 1) << "read by ferry";
   auto destroy_event = FERRY_PJRT_ARGS(PJRT_Event_Destroy_Args);
   destroy_event.event = read.event;
   EXPECT_EQ(Describe(ferry(), ferry().PJRT_Event_Destroy(&destroy_event)), "");
@@ -808,6 +907,95 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_buffer_not_yet_filled_returns_at_once_wi
   auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
   destroy.buffer = retrieve.buffer_out;
   EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+}
+
+// A pending buffer of the caller's own (PJRT_Client_CreateAliasBuffer), read before the caller
+// fulfils it: the read returns at once and completes with the data once fulfilled (ferry's read
+// waited inside the CPU plugin's IncreaseExternalReferenceCount for memory not there yet, which
+// the caller was to fulfil after the call: a deadlock); fulfilled with an error, the read's event
+// carries it (the plugin's IncreaseExternalReferenceCount aborted the process on such a buffer).
+TEST_F(FerryPjrtPluginTest, a_read_of_a_callers_pending_buffer_returns_before_it_is_fulfilled) {
+  if (!FERRY_PJRT_HAS(*Wrapped(), PJRT_Client_CreateAliasBuffer)) {
+    GTEST_SKIP() << "the wrapped plugin has no PJRT_Client_CreateAliasBuffer (API before 0.77)";
+  }
+  Client client(ferry());
+  auto memory = FERRY_PJRT_ARGS(PJRT_Device_DefaultMemory_Args);
+  memory.device = client.device();
+  ASSERT_EQ(Describe(ferry(), ferry().PJRT_Device_DefaultMemory(&memory)), "");
+  alignas(64) static float source[16];
+  for (int i = 0; i < 16; ++i) source[i] = static_cast<float>(i) + 0.5f;
+  const std::vector<int64_t> dims = {16};
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "fulfilled with an error" : "fulfilled with a buffer");
+    int64_t minor_to_major[1] = {0};
+    auto layout = FERRY_PJRT_ARGS(PJRT_Buffer_MemoryLayout);
+    layout.type = PJRT_Buffer_MemoryLayout_Type_Tiled;
+    layout.tiled.struct_size = PJRT_Buffer_MemoryLayout_Tiled_STRUCT_SIZE;
+    layout.tiled.minor_to_major = minor_to_major;
+    layout.tiled.minor_to_major_size = 1;
+    auto alias = FERRY_PJRT_ARGS(PJRT_Client_CreateAliasBuffer_Args);
+    alias.client = client.client();
+    alias.memory = memory.memory;
+    alias.shape_dims = dims.data();
+    alias.shape_num_dims = dims.size();
+    alias.shape_element_type = PJRT_Buffer_Type_F32;
+    alias.shape_layout = &layout;
+    ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_CreateAliasBuffer(&alias)), "");
+    std::vector<float> out(16, -1.0f);
+    auto read = FERRY_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+    read.src = alias.alias_buffer;
+    read.dst = out.data();
+    read.dst_size = out.size() * sizeof(float);
+    // On a thread of its own: a read that waits for the fulfilment below would never return.
+    std::atomic<bool> returned{false};
+    std::string called;
+    std::thread reader([&] {
+      called = Describe(ferry(), ferry().PJRT_Buffer_ToHostBuffer(&read));
+      returned = true;
+    });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!returned && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_TRUE(returned.load()) << "ToHostBuffer waited for a fulfilment that comes after it";
+    PJRT_Buffer* filled = nullptr;
+    if (!fail) {
+      auto put = client.PutArgs(source, PJRT_Buffer_Type_F32, dims, nullptr);
+      put.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+      ASSERT_EQ(Describe(ferry(), ferry().PJRT_Client_BufferFromHostBuffer(&put)), "");
+      EXPECT_EQ(pjrt::AwaitEvent(ferry(), put.done_with_host_buffer, "done").ToString(), "OK");
+      filled = put.buffer;
+    }
+    auto fulfil = FERRY_PJRT_ARGS(PJRT_Client_FulfillAliasBuffer_Args);
+    fulfil.client = client.client();
+    fulfil.buffer = filled;
+    fulfil.status_code = fail ? PJRT_Error_Code_DATA_LOSS : PJRT_Error_Code_OK;
+    const std::string why = "the caller's own failure";
+    if (fail) {
+      fulfil.error_message = why.data();
+      fulfil.error_message_size = why.size();
+    }
+    fulfil.fulfill_alias_buffer_cb = alias.fulfill_alias_buffer_cb;
+    // Fulfilled with an error, the plugin answers with that error too.
+    const std::string fulfilled =
+        Describe(ferry(), ferry().PJRT_Client_FulfillAliasBuffer(&fulfil));
+    EXPECT_EQ(fulfilled.empty(), !fail) << fulfilled;
+    reader.join();
+    ASSERT_EQ(called, "");
+    const std::string status = pjrt::AwaitEvent(ferry(), read.event, "read").ToString();
+    if (fail) {
+      EXPECT_NE(status.find(why), std::string::npos) << status;
+    } else {
+      EXPECT_EQ(status, "OK");
+      EXPECT_EQ(std::memcmp(out.data(), source, sizeof(source)), 0);
+    }
+    for (PJRT_Buffer* buffer : {alias.alias_buffer, filled}) {
+      if (buffer == nullptr) continue;
+      auto destroy = FERRY_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+      destroy.buffer = buffer;
+      EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
+    }
+  }
 }
 
 }  // namespace
