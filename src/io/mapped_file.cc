@@ -76,7 +76,8 @@ struct MappedFileSignals {
     const uintptr_t range_end = range_begin + static_cast<uintptr_t>(size);
     std::lock_guard<std::mutex> lock(Mutex());
     Slot* slots = Slots();
-    for (int i = 0; i < kSlots; ++i) {
+    const int used = slots_used.load(std::memory_order_acquire);
+    for (int i = 0; i < used; ++i) {
       if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
       const uintptr_t mapping_begin = slots[i].begin.load(std::memory_order_relaxed);
       const uintptr_t mapping_end = slots[i].end.load(std::memory_order_relaxed);
@@ -91,6 +92,9 @@ struct MappedFileSignals {
   static inline std::atomic<uint64_t> events{0};
   // Published mappings: none means no memory can be a mapping's.
   static inline std::atomic<int64_t> live{0};
+  // One past the highest slot ever published (Register takes the lowest free one): the scans
+  // stop there, not at kSlots.
+  static inline std::atomic<int> slots_used{0};
   static inline struct sigaction previous {};
   static inline uintptr_t page_size = 4096;
 
@@ -135,9 +139,15 @@ struct MappedFileSignals {
   }
 
   static void Handler(int signal_number, siginfo_t* info, void* context) {
+    // Raised by this process itself, not by a fault: a handler installed after this one that
+    // re-raises the signal after restoring this one (Python's faulthandler). The faulting load, if
+    // there was one, runs again on return and faults for real, with an address to look at; taking
+    // the default action here would kill the process over a fault this handler recovers.
+    if (info->si_code <= 0 && info->si_pid == ::getpid()) return;
     const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
     Slot* slots = Slots();
-    for (int i = 0; i < kSlots; ++i) {
+    const int used = slots_used.load(std::memory_order_acquire);
+    for (int i = 0; i < used; ++i) {
       Slot& slot = slots[i];
       if (slot.state.load(std::memory_order_acquire) != 2) continue;
       const uintptr_t begin = slot.begin.load(std::memory_order_relaxed);
@@ -202,6 +212,9 @@ struct MappedFileSignals {
       slots[i].file.store(file, std::memory_order_relaxed);
       slots[i].state.store(2, std::memory_order_release);
       live.fetch_add(1, std::memory_order_relaxed);
+      if (i + 1 > slots_used.load(std::memory_order_relaxed)) {
+        slots_used.store(i + 1, std::memory_order_release);
+      }
       return i;
     }
     return -1;
@@ -368,16 +381,30 @@ Status MappedFile::CheckIntact() const {
 Status MappedFile::CheckRangeIntact(int64_t offset, int64_t size) const {
   const int64_t from = vanished_from_.load(std::memory_order_relaxed);
   // Pages vanish from the new end of the file onwards: the range is hit when it ends past that.
-  if (from == INT64_MAX || offset + size <= from) return OkStatus();
-  return CheckIntact();
+  if (from != INT64_MAX && offset + size > from) return CheckIntact();
+  // A cut inside the range's last page raises no SIGBUS: that page stays mapped, with zeros past
+  // the new end. Only the file's size tells (one fstat per checked range).
+  struct stat now {};
+  if (!is_mapped_ || fd_ < 0 || size <= 0 || ::fstat(fd_, &now) != 0 ||
+      now.st_size >= offset + size) {
+    return OkStatus();
+  }
+  const auto new_size = static_cast<int64_t>(now.st_size);
+  int64_t seen = vanished_from_.load(std::memory_order_relaxed);
+  while (new_size < seen &&
+         !vanished_from_.compare_exchange_weak(seen, new_size, std::memory_order_relaxed)) {
+  }
+  return absl::DataLossError(fmt::format(
+      "file '{}' was truncated to {} bytes while it was mapped: the bytes [{}, {}) read from it "
+      "reach past its new end, and what was read there is zeros, not the file's data (replace "
+      "tensor files instead of rewriting them in place)",
+      display_name_, new_size, offset, offset + size));
 }
 
 bool MappedFile::AnyMapped() { return MappedFileSignals::live.load(std::memory_order_relaxed) > 0; }
 
 Status MappedFile::CheckMemoryIntact(const void* begin, int64_t size) {
-  if (MappedFileSignals::events.load(std::memory_order_relaxed) == 0 || size <= 0) {
-    return OkStatus();  // no page of any mapping has vanished yet
-  }
+  if (!AnyMapped() || size <= 0) return OkStatus();  // no memory is a mapping's
   Status status;
   MappedFileSignals::ForEachOverlap(begin, size,
                                     [&](const MappedFile& file, int64_t offset, int64_t count) {

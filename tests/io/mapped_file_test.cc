@@ -67,6 +67,32 @@ TEST(MappedFileTest, PagesThatVanishReadAsZerosAndAreReportedOnceNamingTheFile) 
   EXPECT_EQ(said.find(note, first + 1), std::string::npos) << "reported more than once: " << said;
 }
 
+// A cut inside a page raises no fault at all: that page stays mapped and reads zeros past the
+// cut. A range reaching past the cut is still DataLoss (the file's size says so); one before it,
+// and one ending exactly at it, is intact.
+TEST(MappedFileTest, ACutInsideARangesLastPageIsDataLossWithoutAnyFault) {
+  const std::string path =
+      WriteTempFile("ferry_cut_in_page_", std::vector<unsigned char>(16 << 10, 0xcd));
+  auto mapped = MappedFile::Open(path);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  ASSERT_EQ(truncate(path.c_str(), 12000), 0);  // inside the third page, the last read below
+  std::vector<unsigned char> read(12288);
+  const uint64_t events = MappedFile::VanishedPageEvents();
+  std::memcpy(read.data(), (*mapped)->data(), read.size());  // pages 0-2: no fault
+  std::remove(path.c_str());
+  EXPECT_EQ(MappedFile::VanishedPageEvents(), events) << "no page vanished";
+  EXPECT_EQ(read[11999], 0xcd);
+  EXPECT_EQ(read[12000], 0) << "past the cut the page reads zeros";
+  const Status cut = (*mapped)->CheckRangeIntact(8192, 4096);
+  EXPECT_EQ(cut.code(), absl::StatusCode::kDataLoss) << cut;
+  EXPECT_NE(cut.message().find("truncated to 12000 bytes"), std::string_view::npos) << cut;
+  EXPECT_TRUE((*mapped)->CheckRangeIntact(0, 12000).ok());
+  EXPECT_TRUE((*mapped)->CheckRangeIntact(4096, 100).ok());
+  const Status by_address = MappedFile::CheckMemoryIntact((*mapped)->data() + 11000, 2000);
+  EXPECT_EQ(by_address.code(), absl::StatusCode::kDataLoss) << by_address;
+  EXPECT_TRUE(MappedFile::CheckMemoryIntact((*mapped)->data(), 4096).ok());
+}
+
 // The bytes of `mapped`'s mapping resident in this process (smaps' Rss; mincore would tell the
 // page cache's, which keeps the pages either way); -1 when unreadable.
 int64_t ResidentBytesOf(const MappedFile& mapped) {

@@ -112,13 +112,17 @@ class MappedFile {
   // while mapped) and were read since: what was read there reads as zeros, not as the file.
   Status CheckIntact() const;
   // The same for the bytes [offset, offset + size) alone: DataLoss when a vanished page lies
-  // before their end (so what a read of them got may be zeros), OK otherwise, whatever happened
-  // to the rest of the file. What a tensor's transfer checks once it has read the tensor.
+  // before their end, or the file now ends before them (a cut inside their last page leaves it
+  // mapped, reading zeros past the cut, with no SIGBUS: a fstat tells), so what a read of them got
+  // may be zeros; OK otherwise, whatever happened to the rest of the file. What a tensor's
+  // transfer checks once it has read the tensor.
   Status CheckRangeIntact(int64_t offset, int64_t size) const;
 
   // DataLoss when the memory [begin, begin + size) lies in a live mapping whose pages vanished
-  // there or before (a read of it got zeros), OK otherwise (memory of no mapping included). Cheap
-  // until a page of some mapping has vanished. For sources that do not know they are a file's.
+  // there or before, or whose file now ends before it (a read of it got zeros), OK otherwise
+  // (memory of no mapping included). Free while no file is mapped; else a look through the live
+  // mappings, and CheckRangeIntact (one fstat) for each the memory lies in. For sources that do
+  // not know they are a file's.
   static Status CheckMemoryIntact(const void* begin, int64_t size);
   // Whether any mapping is live in the process (if none, no memory is a mapping's).
   static bool AnyMapped();
