@@ -140,6 +140,19 @@ expect_output "the size error says so" "is larger than 2^63 bytes" "$work/err"
 check "sample .npz --dtype bfloat16 is bad input" 1 "$ferry" sample "$work/bf16.npz" --size 1MiB \
   --dtype bfloat16
 expect_output "sample says numpy has no bfloat16" "no dtype for bfloat16" "$work/err"
+check "sample --dtype int8 is bad input" 1 "$ferry" sample "$work/i8.safetensors" --size 1MiB \
+  --dtype int8
+expect_output "sample says int8 is not floating-point" "not a floating-point dtype" "$work/err"
+# A report that cannot be written (stdout closed, a full disk) is a failure, not exit 0.
+if "$ferry" devices >&- 2>"$work/err"; then
+  echo "FAIL: devices with stdout closed exited 0"; failures=$((failures + 1))
+else echo "ok: devices with stdout closed fails"; passes=$((passes + 1)); fi
+expect_output "...saying why" "could not be written to stdout" "$work/err"
+if [[ -w /dev/full ]]; then
+  check "put into /dev/full is bad input" 1 sh -c '"$1" put "$2" >/dev/full' sh "$ferry" \
+    "$work/s.safetensors"
+  expect_output "...saying why" "No space left on device" "$work/err"
+fi
 # An FP8 checkpoint: float8 converts to nothing else, so a float request leaves it as it is.
 f8_header='{"w8":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},"w32":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}'
 printf "$(printf '\\x%02x' $(( ${#f8_header} )) 0 0 0 0 0 0 0)" >"$work/f8.safetensors"

@@ -73,6 +73,18 @@ int RunBenchProgram(int argc, char** argv) {
 
 }  // namespace
 
+// `exit_code`, unless what the command printed on stdout could not all be written (stdout closed,
+// a full disk behind a redirect): then the command did not do what it was asked, and it says so on
+// stderr and exits kExitBadInput instead of 0 with its report lost.
+int WithOutputWritten(std::string_view command, int exit_code) {
+  const bool flush_failed = std::fflush(stdout) != 0;
+  const int flush_error = errno;
+  if (!flush_failed && std::ferror(stdout) == 0) return exit_code;
+  fmt::print(stderr, "ferry {}: error: its output could not be written to stdout{}\n", command,
+             flush_failed ? fmt::format(" ({})", std::strerror(flush_error)) : "");
+  return exit_code == ferry::cli::kExitOk ? ferry::cli::kExitBadInput : exit_code;
+}
+
 int main(int argc, char** argv) {
   using namespace ferry::cli;
   // `ferry bench ...` runs ferry-bench (the same cases, flags and JSON), the program installed
@@ -130,8 +142,8 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
   }
-  if (app.got_subcommand("devices")) return devices();
-  if (app.got_subcommand("put")) return put();
-  if (app.got_subcommand("sample")) return sample();
+  if (app.got_subcommand("devices")) return WithOutputWritten("devices", devices());
+  if (app.got_subcommand("put")) return WithOutputWritten("put", put());
+  if (app.got_subcommand("sample")) return WithOutputWritten("sample", sample());
   return kExitUsage;
 }

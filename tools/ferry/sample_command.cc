@@ -41,6 +41,14 @@ int RunSample(const SampleOptions& options) {
   if (!options.dtype.empty()) {
     auto dtype = DTypeFromName(options.dtype);
     if (!dtype.ok()) return ReportError(kCommand, dtype.status());
+    if (GetDTypeInfo(*dtype).kind != DTypeKind::kFloat) {
+      // The sample's weights are small real numbers: stored as integers, bools or complex
+      // numbers they would all be 0, all true, or not real weights at all.
+      return ReportError(kCommand, InvalidArgumentError(fmt::format(
+                                       "--dtype {} is not a floating-point dtype (float32, "
+                                       "float16, bfloat16, float64, float8_e4m3fn, float8_e5m2)",
+                                       options.dtype)));
+    }
     float_dtype = *dtype;
   }
   std::vector<SampleTensor> plan;
