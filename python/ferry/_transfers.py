@@ -280,12 +280,26 @@ def device_get(x: Any, out: Any = None) -> Any:
             raise InvalidArgumentError(
                 f"device_get takes ferry.Array objects ({where} a {type(item).__name__})")
     if out is not None:
-        return _start_read_into(x, out, "device_get").wait()
+        read = _start_read_into(x, out, "device_get")
+        try:
+            return read.wait()
+        except BaseException:
+            # Interrupted (Ctrl-C, or an exception from a signal handler): the read would go on
+            # writing into `out` after this call raised, with nothing left to wait on. It is let
+            # finish first (a copy, bounded by the memory's speed; a second Ctrl-C does not cut
+            # it short), so that `out` is the caller's again once the call is over.
+            while not read.is_ready():
+                try:
+                    read.wait()
+                except BaseException:  # noqa: BLE001, S110 - the first exception is raised
+                    pass
+            raise
+    # The dtypes first: another thread may delete an array while its read runs (the read holds
+    # its own handles and completes).
+    logicals = [_NUMPY_DTYPES[array._dtype_name] for array in arrays]
     raw = _ferry.get(arrays)
-    results = []
-    for array, data in zip(arrays, raw):
-        logical = _NUMPY_DTYPES[array._dtype_name]
-        results.append(data if data.dtype == logical else data.view(logical))
+    results = [data if data.dtype == logical else data.view(logical)
+               for logical, data in zip(logicals, raw)]
     return rebuild(iter(results)) if batched else results[0]
 
 

@@ -174,6 +174,38 @@ void WaitForAll(const std::vector<DataPtr>& handles) {
   WaitInterruptibly(JoinFutures(ready));
 }
 
+// A "copy" put whose sources of at least kLongCopySourceBytes add up to `long_copy_bytes`: when
+// that reaches kInterruptiblePutBytes, it becomes an asynchronous put (`options` changed) that the
+// caller then waits for with WaitForAll, interruptibly; true then.
+bool MakeInterruptible(TransferToDeviceOptions& options, int64_t long_copy_bytes) {
+  if (options.semantics != HostBufferSemantics::kImmutableOnlyDuringCall ||
+      long_copy_bytes < kInterruptiblePutBytes) {
+    return false;
+  }
+  options.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
+  return true;
+}
+
+// The sum of the sizes of `sources` of at least kLongCopySourceBytes (null ones skipped).
+int64_t LongCopyBytes(const std::vector<std::shared_ptr<const TensorSource>>& sources) {
+  int64_t total = 0;
+  for (const auto& source : sources) {
+    if (source == nullptr) continue;
+    const int64_t bytes = source->view().dense_size_bytes();
+    if (bytes >= kLongCopySourceBytes) total += bytes;
+  }
+  return total;
+}
+
+// This process's shards of `sharded` (other processes' are null there).
+std::vector<DataPtr> OwnShards(const ShardedDataPtr& sharded) {
+  std::vector<DataPtr> own;
+  for (const DataPtr& shard : sharded->shards()) {
+    if (shard != nullptr) own.push_back(shard);
+  }
+  return own;
+}
+
 constexpr std::string_view kForkedArray =
     "the array was made before this process was forked, and ferry's devices do not survive "
     "fork(): put the data again in the child";
@@ -423,6 +455,7 @@ class Array {
     if (generation_ != ForkGeneration()) Abandon();
     data_.reset();
     sharded_.reset();
+    host_copy_.reset();  // its reads hold it until they are over (StartHostCopy)
   }
   // Where the device data is, as DLPack numbers devices: (kDLCPU = 1, 0) for host-addressable
   // memory, (kDLCUDA = 2 or kDLROCM = 10, ordinal) for a GPU plugin's memory
@@ -528,6 +561,7 @@ class Array {
   void Abandon() {
     if (data_) new DataPtr(std::move(data_));
     if (sharded_) new ShardedDataPtr(std::move(sharded_));
+    if (host_copy_) new std::shared_ptr<HostCopy>(std::move(host_copy_));
   }
 
   DataPtr data_;
@@ -609,6 +643,8 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
   }
   TransferToDeviceOptions options = MakeOptions(semantics, 1, device_dtype, memory_kind);
   auto sources = SourcesFromPython({object}, {dtype_override}, "array");
+  // Interruptible as PutEach's large "copy" puts.
+  const bool wait_here = MakeInterruptible(options, LongCopyBytes(sources));
   StatusOr<ShardedDataPtr> data;
   {
     ScopedGilRelease unlocked;
@@ -616,6 +652,7 @@ Array PutSharded(nb::object object, std::optional<std::string> dtype_override,
     sources.clear();
   }
   ShardedDataPtr sharded = ValueOrThrow(std::move(data));
+  if (wait_here) WaitForAll(OwnShards(sharded));
   CheckSourcesRead(sharded->shards());
   return Array(std::move(sharded));
 }
@@ -642,13 +679,16 @@ Array MakeFromShards(const std::vector<int64_t>& shape, const Sharding& sharding
   }
   std::optional<DType> logical;
   if (dtype.has_value()) logical = ParseDType(*dtype);
+  const bool wait_here = MakeInterruptible(options, LongCopyBytes(sources));
   StatusOr<ShardedDataPtr> data;
   {
     ScopedGilRelease unlocked;
     data = MakeArrayFromShards(shape, sharding, sources, options, logical);
     sources.clear();
   }
-  return Array(ValueOrThrow(std::move(data)));
+  ShardedDataPtr sharded = ValueOrThrow(std::move(data));
+  if (wait_here) WaitForAll(OwnShards(sharded));
+  return Array(std::move(sharded));
 }
 
 // `device_dtypes`: one entry per object (nullopt: the device's profile decides).
@@ -680,18 +720,7 @@ std::vector<Array> PutEach(const std::vector<nb::object>& objects,
   // done). Ready() completes only once a source has been released, so on return every source has
   // been read, as "copy" promises. Small puts, and batches of small arrays, stay synchronous:
   // cheaper.
-  bool wait_here = false;
-  if (options.semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
-    int64_t long_copy_bytes = 0;
-    for (const auto& source : sources) {
-      const int64_t bytes = source->view().dense_size_bytes();
-      if (bytes >= kLongCopySourceBytes) long_copy_bytes += bytes;
-    }
-    if (long_copy_bytes >= kInterruptiblePutBytes) {
-      options.semantics = HostBufferSemantics::kImmutableUntilTransferCompletes;
-      wait_here = true;
-    }
-  }
+  const bool wait_here = MakeInterruptible(options, LongCopyBytes(sources));
   StatusOr<std::vector<DataPtr>> data;
   {
     ScopedGilRelease unlocked;
@@ -724,7 +753,7 @@ Array PutOne(nb::object object, Device* device, const std::string& semantics_nam
 // the file straight into device memory, the others put from the mapping) as [(name, Array)] in
 // file order. `device_dtype` applies to the tensors of its kind (RequestAppliesTo), to every
 // tensor with `device_dtype_all`. Runs without the GIL; Ctrl-C is seen between windows.
-std::vector<std::pair<std::string, Array>> LoadFileOnto(
+std::vector<std::pair<nb::str, Array>> LoadFileOnto(
     const nb::bytes& path_bytes, std::vector<std::string> names, std::vector<std::string> patterns,
     std::vector<std::string> exclude, Device* device, std::optional<std::string> device_dtype,
     bool device_dtype_all) {
@@ -764,10 +793,11 @@ std::vector<std::pair<std::string, Array>> LoadFileOnto(
   }
   if (interrupted) throw nb::python_error();
   std::vector<FileLoadResult> results = ValueOrThrow(std::move(loaded));
-  std::vector<std::pair<std::string, Array>> arrays;
+  std::vector<std::pair<nb::str, Array>> arrays;
   arrays.reserve(results.size());
   for (size_t i = 0; i < results.size(); ++i) {
-    arrays.emplace_back(file.tensors()[i].name, Array(std::move(results[i].data)));
+    arrays.emplace_back(TensorNameToPython(file.tensors()[i].name),
+                        Array(std::move(results[i].data)));
   }
   return arrays;
 }
@@ -851,10 +881,25 @@ std::vector<nb::object> Get(const std::vector<Array*>& arrays) {
 struct HostRead {
   Future<> done;
   nb::object out;
+  uint64_t generation = ForkGeneration();
 
+  // In a forked child, a read the parent started never completes there: FailedPrecondition.
+  void CheckNotForked() const {
+    if (generation != ForkGeneration()) {
+      throw StatusError{FailedPreconditionError(
+          "the read was started before this process was forked, and ferry's reads do not "
+          "survive fork(): read again in the child")};
+    }
+  }
+  bool IsReady() const {
+    ApiScope api;  // as Array.is_ready: a poller finds what the read held released
+    CheckNotForked();
+    return done.IsReady();
+  }
   // Waits without the GIL (interruptibly), raises the reads' error, returns `out`.
   nb::object Wait() const {
     ApiScope api;
+    CheckNotForked();
     WaitInterruptibly(done);
     ThrowIfError(done.Await());
     return out;
@@ -1241,13 +1286,9 @@ void DefineHostReadClass(nb::module_& m) {
       .def_prop_ro(
           "out", [](const HostRead& read) { return read.out; },
           "What the read writes into: the `out` it was given.")
-      .def(
-          "is_ready",
-          [](const HostRead& read) {
-            ApiScope api;  // as Array.is_ready: a poller finds what the read held released
-            return read.done.IsReady();
-          },
-          "Whether the read has finished (never blocks).")
+      .def("is_ready", &HostRead::IsReady,
+           "Whether the read has finished (never blocks). In a process forked while it ran: "
+           "FailedPreconditionError.")
       .def("wait", &HostRead::Wait,
            "Waits until the read has finished (without the GIL; Ctrl-C raises "
            "KeyboardInterrupt and the read carries on), raises its error, and returns `out`.")

@@ -1,6 +1,8 @@
 #include "src/python/numpy_arrays.h"
 
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -125,26 +127,48 @@ constexpr uint64_t kFlagIsCopied = uint64_t{1} << 1;
 }  // namespace dl
 
 // What a capsule owns: the struct handed out, its shape and strides, and the memory's owner.
+// Two holds keep the struct: the capsule's (dropped when the capsule object dies, whatever its
+// name then) and the deleter's (dropped by the first deleter call, which lets go of the memory's
+// owner). So the struct outlives both, and the owner is let go of once, even for a consumer that
+// calls the deleter and leaves the capsule unconsumed (torch_xla's from_dlpack, when it fails
+// after taking the tensor: the capsule's destructor then called the deleter a second time, a
+// double free).
 template <typename Managed>
 struct ExportedTensor {
   Managed managed{};
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
   std::shared_ptr<const void> owner;
+  std::atomic<bool> released{false};
+  std::atomic<int> holds{2};
 };
 
 template <typename Managed>
-void DeleteExported(Managed* managed) {
-  delete static_cast<ExportedTensor<Managed>*>(managed->manager_ctx);
+void DropHold(ExportedTensor<Managed>* exported) {
+  if (exported->holds.fetch_sub(1, std::memory_order_acq_rel) == 1) delete exported;
 }
 
-// A capsule that nobody consumed still owns its tensor (a consumer renames the capsule to
-// "used_..." and calls the deleter itself).
+// DLPack's deleter: any thread, once per consumer (a second call is a no-op).
+template <typename Managed>
+void DeleteExported(Managed* managed) {
+  auto* exported = static_cast<ExportedTensor<Managed>*>(managed->manager_ctx);
+  if (exported->released.exchange(true, std::memory_order_acq_rel)) return;
+  exported->owner.reset();
+  DropHold(exported);
+}
+
+// A capsule that nobody consumed still owns its tensor and releases it here (a consumer renames
+// the capsule to "used_..." and calls the deleter itself); either way the capsule's hold goes.
 template <typename Managed>
 void CapsuleDestructor(PyObject* capsule, const char* name) {
-  if (!PyCapsule_IsValid(capsule, name)) return;
-  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
-  if (managed != nullptr && managed->deleter != nullptr) managed->deleter(managed);
+  const char* current = PyCapsule_GetName(capsule);
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, current));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  if (current != nullptr && std::strcmp(current, name) == 0) DeleteExported(managed);
+  DropHold(static_cast<ExportedTensor<Managed>*>(managed->manager_ctx));
 }
 
 template <typename Managed>

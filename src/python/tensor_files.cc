@@ -42,8 +42,8 @@ nb::tuple LoadFile(const nb::bytes& path, std::vector<std::string> names,
   nb::list entries;
   for (const TensorFileEntry& entry : file.tensors()) {
     const std::string dtype_name(DTypeName(entry.source->view().dtype));
-    entries.append(nb::make_tuple(entry.name, ReadOnlyNumpyView(entry.source), dtype_name,
-                                  entry.zero_copy, entry.byte_swapped));
+    entries.append(nb::make_tuple(TensorNameToPython(entry.name), ReadOnlyNumpyView(entry.source),
+                                  dtype_name, entry.zero_copy, entry.byte_swapped));
   }
   return nb::make_tuple(std::string(file.format_name()), file.metadata(), entries);
 }
@@ -51,6 +51,13 @@ nb::tuple LoadFile(const nb::bytes& path, std::vector<std::string> names,
 }  // namespace
 
 std::string PathFromBytes(const nb::bytes& path) { return std::string(path.c_str(), path.size()); }
+
+nb::str TensorNameToPython(std::string_view name) {
+  PyObject* text =
+      PyUnicode_DecodeUTF8(name.data(), static_cast<Py_ssize_t>(name.size()), "surrogateescape");
+  if (text == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(text);
+}
 
 TensorFile OpenSelectedTensors(const std::string& path, std::vector<std::string> names,
                                std::vector<std::string> patterns,

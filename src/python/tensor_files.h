@@ -5,6 +5,7 @@
 #include <nanobind/nanobind.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/io/tensor_file.h"
@@ -14,6 +15,11 @@ namespace ferry::python {
 // A path as Python's os.fsencode gives it (the file system's bytes: a name that is not UTF-8
 // stays the name it is).
 std::string PathFromBytes(const nanobind::bytes& path);
+
+// A tensor's name as Python text: UTF-8 decoded with "surrogateescape", so that a name that is not
+// UTF-8 (a .npy file's stem is its file name's bytes; an .npz member's name is the archive's)
+// stays the name it is, as os.fsdecode keeps a path, instead of raising UnicodeDecodeError.
+nanobind::str TensorNameToPython(std::string_view name);
 
 // Opens `path` with the tensors `names`, `patterns` and `exclude` select (TensorSelector; all
 // when they are empty), without the GIL; raises the ferry error (a message that is not UTF-8
