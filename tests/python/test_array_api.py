@@ -191,6 +191,24 @@ def test_python_dash_m_ferry_runs_the_command():
     assert done.returncode == 0 and done.stdout.strip() == f"ferry {ferry.__version__}"
 
 
+def test_python_dash_m_ferry_runs_with_stdout_or_stderr_closed():
+    # A closed stream is None in sys (python -m ferry ... >&-): the program still runs, as the
+    # native one does, instead of a traceback from flushing None.
+    program = pathlib.Path(ferry.__file__).parent / "bin" / "ferry"
+    if not os.access(program, os.X_OK):
+        pytest.skip(f"the package has no command-line program here ({program})")
+    import subprocess
+    import sys
+    run = '"$0" -m ferry --version '
+    stdout_closed = subprocess.run(["sh", "-c", run + ">&-", sys.executable], capture_output=True,
+                                   text=True, timeout=60)
+    assert (stdout_closed.returncode, stdout_closed.stderr) == (0, "")
+    stderr_closed = subprocess.run(["sh", "-c", run + "2>&-", sys.executable],
+                                   capture_output=True, text=True, timeout=60)
+    assert stderr_closed.returncode == 0
+    assert stderr_closed.stdout.strip() == f"ferry {ferry.__version__}"
+
+
 # --- inputs people pass (issue 16, point 5) and sharding specs (point 7) ------------------------
 
 class OnlyArrayInterface:
