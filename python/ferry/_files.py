@@ -17,7 +17,7 @@ from ._dtypes import _device_dtype_for, _dtype_name, _NUMPY_DTYPES
 from ._devices import _resolve_device, process_count
 from ._sharding import _sharding_for, Sharding
 from ._inputs import _prepare
-from ._transfers import device_put
+from ._transfers import _device_put
 
 
 _FILE_FORMATS = {".safetensors": "safetensors", ".npy": "npy", ".npz": "npz"}
@@ -302,13 +302,14 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
         _ferry._agree_on_value(_describe_plan(shardings, arrays, requested, device_dtype_all),
                                "load_file: the list of tensors and their shardings")
     placed: dict[str, Array] = {}
+    file = os.fsdecode(path)  # errors name a tensor "<file>:<name>", as the unsharded load does
     with distributed.agreed("load_file: putting the shards"):
         for name, array in arrays.items():
             # Only this process's shards' bytes, not the kernel's read-around past their edges.
             _ferry._advise_shard_reads(*_prepare(array), shardings[name]._sharding)
-            placed[name] = device_put(
-                array, shardings[name],
-                device_dtype=_device_dtype_for(requested, array.dtype, device_dtype_all))
+            placed[name] = _device_put(
+                array, shardings[name], _device_dtype_for(requested, array.dtype, device_dtype_all),
+                "copy", None, tensor_names=[f"{file}:{name}"])
         for each in placed.values():
             each.block_until_ready()
     return placed
