@@ -80,6 +80,19 @@ class TensorFile(Mapping):
         return f"ferry.TensorFile({self._path!r}, format={self._format}, tensors={len(self)})"
 
 
+def _utf8_text(text: str, what: str) -> str:
+    """`text`, which a file holds as UTF-8 (a tensor name, metadata, a name to look for). A str
+    with no UTF-8 form (a lone surrogate, as os.fsdecode makes of undecodable bytes) raises
+    InvalidArgumentError naming it, before the extension's type check refuses it less clearly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidArgumentError(
+            f"{what} {text!r} is not valid UTF-8 text (a lone surrogate at index {error.start}): "
+            "tensor files hold names and metadata as UTF-8") from None
+    return text
+
+
 def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
     """names=, pattern=, exclude=: one string, or any iterable of strings (a bare string is one
     name, never its characters)."""
@@ -89,6 +102,7 @@ def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
     for each in values:
         if not isinstance(each, str):
             raise TypeError(f"{argument}= takes strings, not {type(each).__name__}")
+        _utf8_text(each, f"{argument}=")
     return values
 
 
@@ -370,6 +384,7 @@ def save_file(
     for name, value in items:
         if not isinstance(name, str):
             raise InvalidArgumentError(f"tensor names must be str, not {type(name).__name__}")
+        _utf8_text(name, "tensor name")
         obj, override = _prepare_for_file(value)
         names.append(name)
         objects.append(obj)
@@ -378,6 +393,6 @@ def save_file(
     for key, value in (metadata or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgumentError("metadata maps str to str")
-        metadata_dict[key] = value
+        metadata_dict[_utf8_text(key, "metadata key")] = _utf8_text(value, "metadata value")
     _ferry._save_file(os.fsencode(path), format, names, objects, overrides, metadata_dict,
                       bool(compressed))
