@@ -98,15 +98,18 @@ def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
     name, never its characters)."""
     if value is None:
         return []
-    values = [value] if isinstance(value, str) else list(value)
+    values = [value] if isinstance(value, (str, bytes)) else list(value)
     for each in values:
+        if isinstance(each, bytes):  # one name, as a str is, but not text: say so
+            raise TypeError(f"{argument}= takes strings, not bytes ({each!r}): decode it "
+                            "(.decode()), tensor names are text")
         if not isinstance(each, str):
             raise TypeError(f"{argument}= takes strings, not {type(each).__name__}")
         _utf8_text(each, f"{argument}=")
     return values
 
 
-def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = None,
+def open_file(path: str | bytes | os.PathLike, *, names: str | Iterable[str] | None = None,
               pattern: str | Iterable[str] | None = None,
               exclude: str | Iterable[str] | None = None) -> TensorFile:
     """Maps and validates a safetensors, .npy or .npz file (the format comes from its first bytes)
@@ -134,7 +137,7 @@ def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = No
 
 
 def load_file(
-    path: str | os.PathLike,
+    path: str | bytes | os.PathLike,
     device: Device | str | None = None,
     *,
     device_dtype: Any = None,
@@ -355,7 +358,7 @@ def _prepare_for_file(x: Any) -> tuple[Any, str | None]:
 
 def save_file(
     tensors: Mapping[str, Any] | Any,
-    path: str | os.PathLike,
+    path: str | bytes | os.PathLike,
     *,
     format: str | None = None,
     metadata: Mapping[str, str] | None = None,

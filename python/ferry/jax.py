@@ -194,7 +194,7 @@ def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any
 
 
 def load_file(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
+    path: str | bytes | os.PathLike | Sequence[str | bytes | os.PathLike],
     sharding: Any = None,
     dtype: Any = None,
     *,
@@ -234,7 +234,7 @@ def load_file(
     from ._files import _prefetched_windows, _release_file_pages
     from ._transfers import _device_put
 
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
     if not paths:
         raise InvalidArgumentError("ferry.jax.load_file: no file given")
     if sharding is not None and device is not None:

@@ -83,6 +83,9 @@ out["donation_leaves_file"] = same(again, first["b"])
 plain = ferry.jax.load_file([a_path, b_path], names=["w", "ids", "v"])
 out["plain_values"] = {{n: same(plain[n], expect({{**first, **second}}[n], {{**first, **second}}[n].dtype))
                        for n in ("w", "ids", "v")}}
+# A bytes path, as ferry.load_file takes it (before: iterated as a list of paths, ints).
+out["bytes_path"] = {{n: same(a, first[n]) for n, a in
+                     ferry.jax.load_file(os.fsencode(a_path), names=["w", "b"]).items()}}
 out["two_files"] = list(plain) == [n for n in ferry.open_file(a_path) if n in ("w", "ids")] + ["v"]
 
 # Sharded over 4 devices: rows, columns, and a rule that replicates what it cannot split.
@@ -155,6 +158,7 @@ def test_each_shard_is_taken_by_jax_without_another_copy(result):
 def test_several_files_and_selection(result):
     assert result["two_files"]
     assert all(result["plain_values"].values()), result["plain_values"]
+    assert result["bytes_path"] == {"w": True, "b": True}, result["bytes_path"]
 
 
 def test_sharded_rows_columns_and_rules(result):
