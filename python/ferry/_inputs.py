@@ -51,13 +51,45 @@ def _check_movable(x: Any, where: str) -> None:
         raise FailedPreconditionError(
             f"{where}: the jax array has been deleted (donated or .delete())")
     if _is_torch_tensor(x):
-        if getattr(x, "is_meta", False):
-            raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
-        layout = str(getattr(x, "layout", "torch.strided"))
-        if layout != "torch.strided":
-            raise InvalidArgumentError(
-                f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
-                "first (.to_dense())")
+        _check_torch_tensor(x, where)
+
+
+def _check_torch_tensor(x: Any, where: str) -> None:
+    """_check_movable for a torch tensor: one whose memory is not one strided block of host
+    memory is refused naming what it is, before DLPack or the import says something vaguer."""
+    if getattr(x, "is_meta", False):
+        raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
+    if x.is_nested:  # either layout: torch.jagged, or torch.strided with no strides of its own
+        raise InvalidArgumentError(
+            f"{where}: a nested torch tensor cannot be moved: pad it into one dense tensor "
+            "first (torch.nested.to_padded_tensor), or put its components (.unbind())")
+    layout = str(getattr(x, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
+            "first (.to_dense())")
+    # Asked of torch, not of __dlpack_device__, which raises for torch_xla's tensors.
+    if x.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor in {x.device} memory: ferry imports tensors in host (CPU) "
+            "memory only; copy it to the host first (.cpu())")
+    if x.numel() and _has_no_storage(x):
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor with no storage (a FakeTensor, torch's efficient zero "
+            "tensor) has no data to move")
+
+
+def _has_no_storage(x: Any) -> bool:
+    """Whether a non-empty torch tensor has no memory behind it: a FakeTensor (asked by type: its
+    data_ptr() warns, and is to raise), or a tensor whose data pointer is null (an efficient zero
+    tensor; an empty tensor's may be null too, and is fine)."""
+    fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_tensor is not None and isinstance(x, fake_tensor.FakeTensor):
+        return True
+    try:
+        return x.data_ptr() == 0
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return True
 
 
 # DLPack's device types (DLDeviceType), for errors.

@@ -182,6 +182,15 @@ def test_to_xla_converts_on_the_way(xla):
     assert torch.equal(on_xla.cpu(), source.to(torch.float32))
 
 
+def test_a_tensor_on_torch_xlas_device_is_refused_naming_the_device(xla):
+    """torch's __dlpack_device__ raises for an XLA tensor; ferry asks torch for the device."""
+    ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
+    on_xla = torch.ones(3).to(xla)
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"a torch tensor in xla:0 memory: .*\.cpu\(\)"):
+        ferry.device_put(on_xla)
+
+
 def _run_fresh(code: str, timeout: int = 240):
     """`code` in a fresh interpreter of this venv (torch_xla reads its runtime settings once per
     process): its completed process."""
