@@ -147,6 +147,8 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     `where` names the input in errors ("item 3")."""
     if type(x) is not np.ndarray:  # numpy arrays (a file's tensors) skip the other inputs' checks
         x = _prepare_other(x, where)
+        if _is_torch_tensor(x):
+            return _carried_torch_tensor(x)
     viewed = _NUMPY_DTYPES.viewed_as_uint(x.dtype) if isinstance(x, np.ndarray) else None
     if viewed is not None:
         return x.view(viewed[1]), viewed[0]
@@ -154,6 +156,21 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
         raise InvalidArgumentError(
             f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
             f"{', '.join(_NUMPY_DTYPES)})")
+    return x, None
+
+
+# torch dtypes that DLPack does not carry in every torch version ("float8 types are not supported
+# by dlpack" in torch 2.9): they travel as ml_dtypes' arrays do, as unsigned ints of their size
+# with the dtype's name as an override.
+_TORCH_CARRIED_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _carried_torch_tensor(x: Any) -> tuple[Any, str | None]:
+    """_prepare's answer for a (checked) torch tensor: float8 as the uint8 tensor over the same
+    memory, with its dtype's name; any other as it is."""
+    name = str(x.dtype).removeprefix("torch.")
+    if name in _TORCH_CARRIED_DTYPES:
+        return x.view(sys.modules["torch"].uint8), name
     return x, None
 
 

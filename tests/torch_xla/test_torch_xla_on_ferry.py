@@ -182,6 +182,19 @@ def test_to_xla_converts_on_the_way(xla):
     assert torch.equal(on_xla.cpu(), source.to(torch.float32))
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_float8_tensors_are_put_although_torch_29s_dlpack_refuses_them(dtype):
+    """torch 2.9's DLPack raises "float8 types are not supported by dlpack": ferry reads a float8
+    tensor as the uint8 tensor over its memory, as it reads ml_dtypes' float8 numpy arrays."""
+    ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
+    source = sample(torch.float32).to(dtype).t()  # strided too
+    array = ferry.device_put(source)
+    assert array.device_dtype == str(dtype).removeprefix("torch.")
+    stored, reason = array._numpy_view(stored=True)  # this venv has no ml_dtypes: the bytes
+    assert stored is not None, reason
+    assert stored.tobytes() == bits(source)
+
+
 def test_a_tensor_on_torch_xlas_device_is_refused_naming_the_device(xla):
     """torch's __dlpack_device__ raises for an XLA tensor; ferry asks torch for the device."""
     ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
