@@ -10,7 +10,9 @@ a view, no copy). The XLA tensor keeps ferry's array alive.
 It needs torch_xla's device memory to be host memory: torch_xla's CPU platform (``PJRT_DEVICE=CPU``,
 or ferry's plugin over the XLA CPU plugin). torch_xla's ``from_dlpack`` accepts host memory there
 only; elsewhere (a GPU or TPU plugin) ``to_xla`` raises ``ferry.UnimplementedError``: use
-``.to(device)``, or ferry's plugin, whose puts already read the real strides.
+``.to(device)``, or ferry's plugin, whose puts already read the real strides. So it does under
+torch_xla's SPMD mode (``torch_xla.runtime.use_spmd()``), whose from_dlpack cannot place host
+memory on a device: use ``.to(device)`` and ``mark_sharding``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
     of any strides, or anything ferry.device_put takes), stored as `dtype` if given (ferry's
     conversion rules, docs/conversions.md), made without torch_xla's contiguous copy."""
     import torch_xla  # its runtime up before from_dlpack
+    import torch_xla.runtime
     from torch_xla.utils import dlpack as xla_dlpack
 
     import torch_xla.core.xla_model as xm
@@ -37,6 +40,13 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
         raise ferry.UnimplementedError(
             f"to_xla: torch_xla's device memory on {hardware} is not host memory, which "
             "torch_xla's from_dlpack needs; use tensor.to(device)")
+    if torch_xla.runtime.is_spmd():
+        # Under SPMD from_dlpack looks for the tensor's device among SPMD's virtual devices and
+        # fails after it has taken (and freed) the capsule: refused before anything is made.
+        raise ferry.UnimplementedError(
+            "to_xla: torch_xla's SPMD mode is on (torch_xla.runtime.use_spmd()), where its "
+            "from_dlpack cannot place host memory on a device; use tensor.to(device) and "
+            "xs.mark_sharding")
     array = ferry.device_put(tensor, "host:0", device_dtype=dtype)
     try:
         return xla_dlpack.from_dlpack(array)

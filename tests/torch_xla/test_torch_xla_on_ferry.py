@@ -268,3 +268,23 @@ print("to_xla ok")
 """)
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "to_xla ok" in result.stdout
+
+
+def test_to_xla_refuses_spmd_before_torch_xla_takes_the_capsule():
+    """Under SPMD torch_xla's from_dlpack fails after it has freed the capsule, and the process
+    then aborted with a double free: to_xla refuses SPMD before it puts anything."""
+    pytest.importorskip("ferry.torch_xla", reason="ferry is not installed in torch_xla's venv")
+    result = _run_fresh("""
+import os
+os.environ.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+import torch, torch_xla.runtime as xr
+import ferry, ferry.torch_xla
+xr.use_spmd()
+try:
+    ferry.torch_xla.to_xla(torch.arange(8.0))
+except ferry.UnimplementedError as error:
+    print("refused:", error)
+""")
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "refused: to_xla: torch_xla's SPMD mode is on" in result.stdout, result.stdout
+    assert "tensor.to(device)" in result.stdout
