@@ -20,12 +20,17 @@ from __future__ import annotations
 from typing import Any
 
 import ferry
+from ferry._inputs import _flatten
 
 
 def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
     """A torch_xla tensor on torch_xla's default device holding `tensor`'s values (a torch tensor
     of any strides, or anything ferry.device_put takes), stored as `dtype` if given (ferry's
-    conversion rules, docs/conversions.md), made without torch_xla's contiguous copy."""
+    conversion rules, docs/conversions.md), made without torch_xla's contiguous copy.
+
+    A pytree (nested lists, tuples and dicts, as ferry.device_put takes them) is put in one
+    batched call and comes back in the same structure, each leaf an XLA tensor; `dtype` is one
+    dtype or a tree of them, as device_put's `device_dtype`."""
     import torch_xla  # its runtime up before from_dlpack
     import torch_xla.runtime
     from torch_xla.utils import dlpack as xla_dlpack
@@ -47,9 +52,15 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
             "to_xla: torch_xla's SPMD mode is on (torch_xla.runtime.use_spmd()), where its "
             "from_dlpack cannot place host memory on a device; use tensor.to(device) and "
             "xs.mark_sharding")
-    array = ferry.device_put(tensor, "host:0", device_dtype=dtype)
+    arrays: list[Any] = []
+    rebuild = _flatten(ferry.device_put(tensor, "host:0", device_dtype=dtype), arrays)
+    return rebuild(iter([_viewed_by_xla(array, xla_dlpack.from_dlpack) for array in arrays]))
+
+
+def _viewed_by_xla(array: Any, from_dlpack: Any) -> Any:
+    """The XLA tensor over ferry's `array`."""
     try:
-        return xla_dlpack.from_dlpack(array)
+        return from_dlpack(array)
     except (RuntimeError, ValueError) as error:
         raise ferry.UnimplementedError(
             f"to_xla: torch_xla did not take ferry's host memory ({error}); its from_dlpack "

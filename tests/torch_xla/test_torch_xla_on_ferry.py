@@ -182,6 +182,23 @@ def test_to_xla_converts_on_the_way(xla):
     assert torch.equal(on_xla.cpu(), source.to(torch.float32))
 
 
+def test_to_xla_maps_over_a_pytree(xla):
+    """A list or dict (anything ferry.device_put takes) comes back in its structure, each leaf an
+    XLA tensor. Before: the whole put ran, then an UnimplementedError blamed the platform."""
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    first, second = sample(torch.float32), sample(torch.int32, (3, 5)).t()
+    pair = ferry_torch_xla.to_xla([first, second])
+    assert type(pair) is list and len(pair) == 2
+    tree = ferry_torch_xla.to_xla({"w": first.t(), "rest": (second, None)},
+                                  dtype={"w": "bfloat16", "rest": None})
+    assert sorted(tree) == ["rest", "w"] and type(tree["rest"]) is tuple and tree["rest"][1] is None
+    for got, expected in [(pair[0], first), (pair[1], second), (tree["w"], first.t().bfloat16()),
+                          (tree["rest"][0], second)]:
+        assert got.device.type == "xla" and got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_float8_tensors_are_put_although_torch_29s_dlpack_refuses_them(dtype):
     """torch 2.9's DLPack raises "float8 types are not supported by dlpack": ferry reads a float8
