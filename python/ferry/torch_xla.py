@@ -30,7 +30,11 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
 
     A pytree (nested lists, tuples and dicts, as ferry.device_put takes them) is put in one
     batched call and comes back in the same structure, each leaf an XLA tensor; `dtype` is one
-    dtype or a tree of them, as device_put's `device_dtype`."""
+    dtype or a tree of them, as device_put's `device_dtype`.
+
+    A source that requires grad (an nn.Parameter) gives an XLA tensor that requires grad too,
+    where its stored dtype can (floating point or complex): a new leaf, a plain tensor (not a
+    Parameter), whose gradient collects in its own `.grad`; none flows back to the source."""
     import torch_xla  # its runtime up before from_dlpack
     import torch_xla.runtime
     from torch_xla.utils import dlpack as xla_dlpack
@@ -52,16 +56,24 @@ def to_xla(tensor: Any, *, dtype: Any = None) -> Any:
             "to_xla: torch_xla's SPMD mode is on (torch_xla.runtime.use_spmd()), where its "
             "from_dlpack cannot place host memory on a device; use tensor.to(device) and "
             "xs.mark_sharding")
+    sources: list[Any] = []
+    _flatten(tensor, sources)  # device_put's result has the same leaves, in the same order
     arrays: list[Any] = []
     rebuild = _flatten(ferry.device_put(tensor, "host:0", device_dtype=dtype), arrays)
-    return rebuild(iter([_viewed_by_xla(array, xla_dlpack.from_dlpack) for array in arrays]))
+    return rebuild(iter([_viewed_by_xla(array, source, xla_dlpack.from_dlpack)
+                         for array, source in zip(arrays, sources)]))
 
 
-def _viewed_by_xla(array: Any, from_dlpack: Any) -> Any:
-    """The XLA tensor over ferry's `array`."""
+def _viewed_by_xla(array: Any, source: Any, from_dlpack: Any) -> Any:
+    """The XLA tensor over ferry's `array` (put from `source`), requiring grad as `source` does
+    where its dtype can."""
     try:
-        return from_dlpack(array)
+        viewed = from_dlpack(array)
     except (RuntimeError, ValueError) as error:
         raise ferry.UnimplementedError(
             f"to_xla: torch_xla did not take ferry's host memory ({error}); its from_dlpack "
             "views host memory on the CPU platform only: use tensor.to(device)") from error
+    if getattr(source, "requires_grad", False) and (viewed.is_floating_point()
+                                                    or viewed.is_complex()):
+        viewed.requires_grad_()  # a new leaf: its gradient collects in its own .grad
+    return viewed

@@ -199,6 +199,23 @@ def test_to_xla_maps_over_a_pytree(xla):
         assert torch.equal(got.cpu(), expected)
 
 
+def test_to_xla_keeps_requires_grad_as_a_new_leaf(xla):
+    """An nn.Parameter gives an XLA leaf that requires grad (before: requires_grad=False,
+    silently); a plain tensor, or a dtype that cannot hold gradients, gives one that does not."""
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    weight = torch.nn.Parameter(sample(torch.float32, (3, 4)))
+    tree = ferry_torch_xla.to_xla({"weight": weight, "plain": weight.detach(),
+                                   "ids": torch.arange(4)})
+    on_xla = tree["weight"]
+    assert on_xla.requires_grad and on_xla.is_leaf and type(on_xla) is torch.Tensor
+    assert not tree["plain"].requires_grad and not tree["ids"].requires_grad
+    (on_xla * 3).sum().backward()
+    assert torch.equal(on_xla.grad.cpu(), torch.full((3, 4), 3.0))
+    assert weight.grad is None  # nothing flows back to the source
+    assert not ferry_torch_xla.to_xla(weight, dtype="int32").requires_grad
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
 def test_float8_tensors_are_put_although_torch_29s_dlpack_refuses_them(dtype):
     """torch 2.9's DLPack raises "float8 types are not supported by dlpack": ferry reads a float8
