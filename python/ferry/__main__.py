@@ -20,8 +20,9 @@ def main() -> None:
             f"ferry: the command-line program is not installed with this package ({program}); "
             "build the package with its tools (pip install . does)\n")
         raise SystemExit(2)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: the file descriptor was closed (python -m ferry ... >&-)
+            stream.flush()
     os.execv(program, [program] + sys.argv[1:])
 
 

@@ -17,7 +17,7 @@ from ._dtypes import _device_dtype_for, _dtype_name, _NUMPY_DTYPES
 from ._devices import _resolve_device, process_count
 from ._sharding import _sharding_for, Sharding
 from ._inputs import _prepare
-from ._transfers import device_put
+from ._transfers import _device_put
 
 
 _FILE_FORMATS = {".safetensors": "safetensors", ".npy": "npy", ".npz": "npz"}
@@ -80,19 +80,36 @@ class TensorFile(Mapping):
         return f"ferry.TensorFile({self._path!r}, format={self._format}, tensors={len(self)})"
 
 
+def _utf8_text(text: str, what: str) -> str:
+    """`text`, which a file holds as UTF-8 (a tensor name, metadata, a name to look for). A str
+    with no UTF-8 form (a lone surrogate, as os.fsdecode makes of undecodable bytes) raises
+    InvalidArgumentError naming it, before the extension's type check refuses it less clearly."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidArgumentError(
+            f"{what} {text!r} is not valid UTF-8 text (a lone surrogate at index {error.start}): "
+            "tensor files hold names and metadata as UTF-8") from None
+    return text
+
+
 def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
     """names=, pattern=, exclude=: one string, or any iterable of strings (a bare string is one
     name, never its characters)."""
     if value is None:
         return []
-    values = [value] if isinstance(value, str) else list(value)
+    values = [value] if isinstance(value, (str, bytes)) else list(value)
     for each in values:
+        if isinstance(each, bytes):  # one name, as a str is, but not text: say so
+            raise TypeError(f"{argument}= takes strings, not bytes ({each!r}): decode it "
+                            "(.decode()), tensor names are text")
         if not isinstance(each, str):
             raise TypeError(f"{argument}= takes strings, not {type(each).__name__}")
+        _utf8_text(each, f"{argument}=")
     return values
 
 
-def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = None,
+def open_file(path: str | bytes | os.PathLike, *, names: str | Iterable[str] | None = None,
               pattern: str | Iterable[str] | None = None,
               exclude: str | Iterable[str] | None = None) -> TensorFile:
     """Maps and validates a safetensors, .npy or .npz file (the format comes from its first bytes)
@@ -120,7 +137,7 @@ def open_file(path: str | os.PathLike, *, names: str | Iterable[str] | None = No
 
 
 def load_file(
-    path: str | os.PathLike,
+    path: str | bytes | os.PathLike,
     device: Device | str | None = None,
     *,
     device_dtype: Any = None,
@@ -302,13 +319,14 @@ def _load_file_sharded(path: Any, rule: Any, device_dtype: Any, device_dtype_all
         _ferry._agree_on_value(_describe_plan(shardings, arrays, requested, device_dtype_all),
                                "load_file: the list of tensors and their shardings")
     placed: dict[str, Array] = {}
+    file = os.fsdecode(path)  # errors name a tensor "<file>:<name>", as the unsharded load does
     with distributed.agreed("load_file: putting the shards"):
         for name, array in arrays.items():
             # Only this process's shards' bytes, not the kernel's read-around past their edges.
             _ferry._advise_shard_reads(*_prepare(array), shardings[name]._sharding)
-            placed[name] = device_put(
-                array, shardings[name],
-                device_dtype=_device_dtype_for(requested, array.dtype, device_dtype_all))
+            placed[name] = _device_put(
+                array, shardings[name], _device_dtype_for(requested, array.dtype, device_dtype_all),
+                "copy", None, tensor_names=[f"{file}:{name}"])
         for each in placed.values():
             each.block_until_ready()
     return placed
@@ -340,7 +358,7 @@ def _prepare_for_file(x: Any) -> tuple[Any, str | None]:
 
 def save_file(
     tensors: Mapping[str, Any] | Any,
-    path: str | os.PathLike,
+    path: str | bytes | os.PathLike,
     *,
     format: str | None = None,
     metadata: Mapping[str, str] | None = None,
@@ -369,6 +387,7 @@ def save_file(
     for name, value in items:
         if not isinstance(name, str):
             raise InvalidArgumentError(f"tensor names must be str, not {type(name).__name__}")
+        _utf8_text(name, "tensor name")
         obj, override = _prepare_for_file(value)
         names.append(name)
         objects.append(obj)
@@ -377,6 +396,6 @@ def save_file(
     for key, value in (metadata or {}).items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgumentError("metadata maps str to str")
-        metadata_dict[key] = value
+        metadata_dict[_utf8_text(key, "metadata key")] = _utf8_text(value, "metadata value")
     _ferry._save_file(os.fsencode(path), format, names, objects, overrides, metadata_dict,
                       bool(compressed))

@@ -51,13 +51,45 @@ def _check_movable(x: Any, where: str) -> None:
         raise FailedPreconditionError(
             f"{where}: the jax array has been deleted (donated or .delete())")
     if _is_torch_tensor(x):
-        if getattr(x, "is_meta", False):
-            raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
-        layout = str(getattr(x, "layout", "torch.strided"))
-        if layout != "torch.strided":
-            raise InvalidArgumentError(
-                f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
-                "first (.to_dense())")
+        _check_torch_tensor(x, where)
+
+
+def _check_torch_tensor(x: Any, where: str) -> None:
+    """_check_movable for a torch tensor: one whose memory is not one strided block of host
+    memory is refused naming what it is, before DLPack or the import says something vaguer."""
+    if getattr(x, "is_meta", False):
+        raise InvalidArgumentError(f"{where}: a meta torch tensor has no data to move")
+    if x.is_nested:  # either layout: torch.jagged, or torch.strided with no strides of its own
+        raise InvalidArgumentError(
+            f"{where}: a nested torch tensor cannot be moved: pad it into one dense tensor "
+            "first (torch.nested.to_padded_tensor), or put its components (.unbind())")
+    layout = str(getattr(x, "layout", "torch.strided"))
+    if layout != "torch.strided":
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor with layout {layout} cannot be moved: make it dense "
+            "first (.to_dense())")
+    # Asked of torch, not of __dlpack_device__, which raises for torch_xla's tensors.
+    if x.device.type != "cpu":
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor in {x.device} memory: ferry imports tensors in host (CPU) "
+            "memory only; copy it to the host first (.cpu())")
+    if x.numel() and _has_no_storage(x):
+        raise InvalidArgumentError(
+            f"{where}: a torch tensor with no storage (a FakeTensor, torch's efficient zero "
+            "tensor) has no data to move")
+
+
+def _has_no_storage(x: Any) -> bool:
+    """Whether a non-empty torch tensor has no memory behind it: a FakeTensor (asked by type: its
+    data_ptr() warns, and is to raise), or a tensor whose data pointer is null (an efficient zero
+    tensor; an empty tensor's may be null too, and is fine)."""
+    fake_tensor = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_tensor is not None and isinstance(x, fake_tensor.FakeTensor):
+        return True
+    try:
+        return x.data_ptr() == 0
+    except RuntimeError:  # "Cannot access data pointer of Tensor that doesn't have storage"
+        return True
 
 
 # DLPack's device types (DLDeviceType), for errors.
@@ -115,6 +147,8 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
     `where` names the input in errors ("item 3")."""
     if type(x) is not np.ndarray:  # numpy arrays (a file's tensors) skip the other inputs' checks
         x = _prepare_other(x, where)
+        if _is_torch_tensor(x):
+            return _carried_torch_tensor(x)
     viewed = _NUMPY_DTYPES.viewed_as_uint(x.dtype) if isinstance(x, np.ndarray) else None
     if viewed is not None:
         return x.view(viewed[1]), viewed[0]
@@ -122,6 +156,21 @@ def _prepare(x: Any, where: str = "the array") -> tuple[Any, str | None]:
         raise InvalidArgumentError(
             f"{where}: numpy dtype {x.dtype} has no ferry dtype (ferry has "
             f"{', '.join(_NUMPY_DTYPES)})")
+    return x, None
+
+
+# torch dtypes that DLPack does not carry in every torch version ("float8 types are not supported
+# by dlpack" in torch 2.9): they travel as ml_dtypes' arrays do, as unsigned ints of their size
+# with the dtype's name as an override.
+_TORCH_CARRIED_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _carried_torch_tensor(x: Any) -> tuple[Any, str | None]:
+    """_prepare's answer for a (checked) torch tensor: float8 as the uint8 tensor over the same
+    memory, with its dtype's name; any other as it is."""
+    name = str(x.dtype).removeprefix("torch.")
+    if name in _TORCH_CARRIED_DTYPES:
+        return x.view(sys.modules["torch"].uint8), name
     return x, None
 
 

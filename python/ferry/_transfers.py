@@ -3,13 +3,14 @@ device_get and reads into the caller's arrays, from_dlpack."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from . import _ferry
 from ._ferry import Array, Device, HostRead
-from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._errors import Error, FailedPreconditionError, InvalidArgumentError
 from ._dtypes import _dtype_name, _NUMPY_DTYPES
 from ._devices import _resolve_device
 from ._sharding import Sharding
@@ -96,8 +97,13 @@ def _device_put(x: Any, device: Any, device_dtype: Any, semantics: str, memory_k
     if isinstance(target, Sharding):
         if batched:
             raise InvalidArgumentError("device_put with a Sharding takes one array, not a list")
-        array = _ferry.put_sharded(objects[0], overrides[0], target._sharding, names[0], semantics,
-                                   memory_kind)
+        try:
+            array = _ferry.put_sharded(objects[0], overrides[0], target._sharding, names[0],
+                                       semantics, memory_kind)
+        except Error as error:
+            if tensor_names is None:
+                raise
+            raise _renamed(error, tensor_names[0]) from None
         return _with_sharding(array, target)
     arrays: list[Any] = [None] * len(items)
     if copied:
@@ -110,6 +116,16 @@ def _device_put(x: Any, device: Any, device_dtype: Any, semantics: str, memory_k
         for index, array in zip(put_indices, put):
             arrays[index] = array
     return rebuild(iter(arrays)) if batched else arrays[0]
+
+
+def _renamed(error: Error, name: str) -> Error:
+    """`error` of a sharded put naming its tensor `name`: the sharded put calls its input 'array'
+    ("tensor 'array[shard 0]': ..."), which says nothing of a file's tensor."""
+    message, count = re.subn(r"tensor 'array(?=['\[])", lambda _: f"tensor '{name}", str(error),
+                             count=1)
+    if not count:
+        message = f"tensor '{name}': {message}"
+    return type(error)(message).with_traceback(error.__traceback__)
 
 
 def _copies_device_to_device(item: Any, target: Any, device_dtype: str | None,

@@ -151,23 +151,28 @@ def _jax_sharding_for(rule: Any, name: str, shape: tuple[int, ...], dtype: np.dt
     return sharding
 
 
-def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any) -> dict[str, np.ndarray]:
+def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every chosen tensor of the files, by name, as read-only views of their mappings (which the
-    views keep alive). One file: ferry's own selection (only the chosen tensors are read). Several:
-    a name or pattern need only be in one of them, so each file is opened whole (mapped: nothing
-    is read but a compressed .npz member) and the same rules are applied across all."""
+    views keep alive), and the path of the file that holds each. One file: ferry's own selection
+    (only the chosen tensors are read). Several: a name or pattern need only be in one of them, so
+    each file is opened whole (mapped: nothing is read but a compressed .npz member) and the same
+    rules are applied across all."""
     from . import NotFoundError, open_file
     from ._files import _string_list
 
     if len(paths) == 1:
-        return dict(open_file(paths[0], names=names, pattern=pattern, exclude=exclude))
+        chosen = dict(open_file(paths[0], names=names, pattern=pattern, exclude=exclude))
+        return chosen, dict.fromkeys(chosen, os.fsdecode(paths[0]))
     tensors: dict[str, np.ndarray] = {}
+    files: dict[str, str] = {}
     for each in paths:
         for name, view in open_file(each).items():
             if name in tensors:
                 raise InvalidArgumentError(
                     f"ferry.jax.load_file: tensor {name!r} is in more than one of the files")
             tensors[name] = view
+            files[name] = os.fsdecode(each)
     wanted = _string_list(names, "names")
     patterns = _string_list(pattern, "pattern")
     excluded = _string_list(exclude, "exclude")
@@ -185,11 +190,11 @@ def _open_files(paths: list[Any], names: Any, pattern: Any, exclude: Any) -> dic
         and not any(fnmatch.fnmatchcase(name, glob) for glob in excluded)}
     if not chosen:
         raise InvalidArgumentError("ferry.jax.load_file: the exclude patterns leave no tensor to load")
-    return chosen
+    return chosen, files
 
 
 def load_file(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
+    path: str | bytes | os.PathLike | Sequence[str | bytes | os.PathLike],
     sharding: Any = None,
     dtype: Any = None,
     *,
@@ -227,9 +232,9 @@ def load_file(
 
     from ._dtypes import _NUMPY_DTYPES, _device_dtype_for, _dtype_name
     from ._files import _prefetched_windows, _release_file_pages
-    from . import device_put as ferry_device_put
+    from ._transfers import _device_put
 
-    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    paths = [path] if isinstance(path, (str, bytes, os.PathLike)) else list(path)
     if not paths:
         raise InvalidArgumentError("ferry.jax.load_file: no file given")
     if sharding is not None and device is not None:
@@ -240,7 +245,7 @@ def load_file(
         sharding = jax.sharding.SingleDeviceSharding(device or _default_jax_device())
     requested = None if dtype is None else _dtype_name(np.dtype(dtype))
 
-    tensors = _open_files(paths, names, pattern, exclude)
+    tensors, files = _open_files(paths, names, pattern, exclude)
 
     # Window by window (256 MiB of the files in file order): one batched ferry put of every shard
     # of the window's tensors into host:0, each converted on the way; the window's file pages are
@@ -250,6 +255,7 @@ def load_file(
         plans = []  # (name, global shape, jax sharding, [device, ...])
         views: list[np.ndarray] = []
         view_dtypes: list[str] = []
+        view_names: list[str] = []  # in errors: "<file>:<tensor>", as ferry.load_file names them
         for name in window:
             view = tensors[name]
             stored = (_device_dtype_for(requested, view.dtype, dtype_all)
@@ -257,13 +263,15 @@ def load_file(
             stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
             tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
             devices = []
-            for device_of_shard, index in tensor_sharding.addressable_devices_indices_map(
-                    tuple(view.shape)).items():
+            shards = tensor_sharding.addressable_devices_indices_map(tuple(view.shape))
+            for shard, (device_of_shard, index) in enumerate(shards.items()):
                 devices.append(device_of_shard)
                 views.append(view[index] if index else view)  # () for a 0-d tensor
                 view_dtypes.append(stored)
+                view_names.append(f"{files[name]}:{name}" if len(shards) == 1
+                                  else f"{files[name]}:{name}[shard {shard}]")
             plans.append((name, tuple(view.shape), tensor_sharding, devices))
-        host_arrays = ferry_device_put(views, "host:0", device_dtype=view_dtypes)
+        host_arrays = _device_put(views, "host:0", view_dtypes, "copy", None, view_names)
         _release_file_pages(ranges)
 
         # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where

@@ -191,6 +191,24 @@ def test_python_dash_m_ferry_runs_the_command():
     assert done.returncode == 0 and done.stdout.strip() == f"ferry {ferry.__version__}"
 
 
+def test_python_dash_m_ferry_runs_with_stdout_or_stderr_closed():
+    # A closed stream is None in sys (python -m ferry ... >&-): the program still runs, as the
+    # native one does, instead of a traceback from flushing None.
+    program = pathlib.Path(ferry.__file__).parent / "bin" / "ferry"
+    if not os.access(program, os.X_OK):
+        pytest.skip(f"the package has no command-line program here ({program})")
+    import subprocess
+    import sys
+    run = '"$0" -m ferry --version '
+    stdout_closed = subprocess.run(["sh", "-c", run + ">&-", sys.executable], capture_output=True,
+                                   text=True, timeout=60)
+    assert (stdout_closed.returncode, stdout_closed.stderr) == (0, "")
+    stderr_closed = subprocess.run(["sh", "-c", run + "2>&-", sys.executable],
+                                   capture_output=True, text=True, timeout=60)
+    assert stderr_closed.returncode == 0
+    assert stderr_closed.stdout.strip() == f"ferry {ferry.__version__}"
+
+
 # --- inputs people pass (issue 16, point 5) and sharding specs (point 7) ------------------------
 
 class OnlyArrayInterface:
@@ -282,6 +300,30 @@ def test_errors_name_sparse_and_meta_torch_tensors():
         ferry.device_put([np.ones(2), torch.eye(3).to_sparse()])
     with pytest.raises(ferry.InvalidArgumentError, match="meta torch tensor"):
         ferry.device_put(torch.empty(3, device="meta"))
+
+
+def test_errors_name_nested_and_storageless_torch_tensors(tmp_path):
+    # Before: "neither a buffer nor a CPU DLPack tensor" (a nested tensor of the strided layout)
+    # and "data pointer lies outside its memory region" (no storage), from deep in the import.
+    torch = pytest.importorskip("torch", reason="torch is in the test extras")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    parts = [torch.randn(2, 3), torch.randn(4, 3)]
+    for layout in (torch.strided, torch.jagged):
+        nested = torch.nested.nested_tensor(parts, layout=layout)
+        with pytest.raises(ferry.InvalidArgumentError, match=r"item 1: a nested torch tensor .*"
+                                                             r"to_padded_tensor"):
+            ferry.device_put([np.ones(2), nested])
+    with FakeTensorMode():
+        fake = torch.ones(3)
+    for storageless in (torch._efficientzerotensor(3), fake):
+        with pytest.raises(ferry.InvalidArgumentError, match="torch tensor with no storage"):
+            ferry.device_put(storageless)
+        with pytest.raises(ferry.InvalidArgumentError, match="torch tensor with no storage"):
+            ferry.save_file({"w": storageless}, tmp_path / "w.safetensors")
+    # An empty tensor's data pointer may be null too: it is put, as any empty array.
+    assert ferry.device_put(torch._efficientzerotensor(0)).shape == (0,)
+    assert ferry.device_put(torch.empty(0, 3)).shape == (0, 3)
 
 
 def test_torch_parameters_that_require_grad_are_put_and_saved(tmp_path):

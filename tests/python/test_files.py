@@ -434,6 +434,26 @@ def test_names_from_a_file_are_quoted_escaped_in_errors(tmp_path):
     assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in message)
 
 
+def test_a_name_with_no_utf8_form_is_refused_saying_so(tmp_path):
+    # A lone surrogate (what os.fsdecode makes of undecodable bytes) has no UTF-8 form, which files
+    # hold names in. Before: nanobind's "_save_file(): incompatible function arguments".
+    w = np.arange(3, dtype=np.float32)
+    lone = "w\udcff"
+    with pytest.raises(ferry.InvalidArgumentError, match=r"name 'w\\udcff' is not valid UTF-8"):
+        ferry.save_file({lone: w}, tmp_path / "bad.safetensors")
+    with pytest.raises(ferry.InvalidArgumentError, match=r"key 'w\\udcff' is not valid UTF-8"):
+        ferry.save_file({"w": w}, tmp_path / "bad.safetensors", metadata={lone: "x"})
+    assert not list(tmp_path.iterdir())  # nothing written
+    path = tmp_path / "w.safetensors"
+    ferry.save_file({"w": w}, path)
+    for argument in ("names", "pattern", "exclude"):
+        for load in (ferry.open_file, ferry.load_file,
+                     lambda path, **kwargs: ferry.load_file(path, "host:0", **kwargs)):
+            with pytest.raises(ferry.InvalidArgumentError,
+                               match=rf"{argument}= 'w\\udcff' is not valid UTF-8"):
+                load(path, **{argument: ["w", lone]})
+
+
 def test_byte_order_mark_before_the_json_is_refused_as_the_reference_does(tmp_path):
     header = b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}'
     contents = safetensors_bytes(b"\xef\xbb\xbf" + header, b"a")

@@ -83,6 +83,9 @@ out["donation_leaves_file"] = same(again, first["b"])
 plain = ferry.jax.load_file([a_path, b_path], names=["w", "ids", "v"])
 out["plain_values"] = {{n: same(plain[n], expect({{**first, **second}}[n], {{**first, **second}}[n].dtype))
                        for n in ("w", "ids", "v")}}
+# A bytes path, as ferry.load_file takes it (before: iterated as a list of paths, ints).
+out["bytes_path"] = {{n: same(a, first[n]) for n, a in
+                     ferry.jax.load_file(os.fsencode(a_path), names=["w", "b"]).items()}}
 out["two_files"] = list(plain) == [n for n in ferry.open_file(a_path) if n in ("w", "ids")] + ["v"]
 
 # Sharded over 4 devices: rows, columns, and a rule that replicates what it cannot split.
@@ -99,6 +102,10 @@ ruled = ferry.jax.load_file(a_path, rule, pattern="*", exclude=["empty", "scalar
 out["ruled"] = {{n: same(ruled[n], expect(first[n], first[n].dtype)) for n in ruled}}
 out["ruled_spec"] = {{n: list(ruled[n].sharding.spec) for n in ruled}}
 
+fp8_path = os.path.join(folder, "fp8.safetensors")
+ferry.save_file({{"w": first["w"], "layers.0.scale": first["w"].astype(ml_dtypes.float8_e4m3fn)}},
+                fp8_path)
+
 def error(call):
     try:
         call()
@@ -114,6 +121,9 @@ out["errors"] = {{
     "dict_gap": error(lambda: ferry.jax.load_file(a_path, {{"w": NamedSharding(mesh, P())}})),
     "both": error(lambda: ferry.jax.load_file(a_path, NamedSharding(mesh, P()), device=devices[0])),
     "no_file": error(lambda: ferry.jax.load_file(os.path.join(folder, "none.safetensors"))),
+    "fp8_to_bf16": error(lambda: ferry.jax.load_file(fp8_path, dtype="bfloat16", dtype_all=True)),
+    "fp8_sharded": error(lambda: ferry.jax.load_file(fp8_path, NamedSharding(mesh, P("x")),
+                                                     "bfloat16", dtype_all=True)),
 }}
 print(json.dumps(out))
 """
@@ -148,6 +158,7 @@ def test_each_shard_is_taken_by_jax_without_another_copy(result):
 def test_several_files_and_selection(result):
     assert result["two_files"]
     assert all(result["plain_values"].values()), result["plain_values"]
+    assert result["bytes_path"] == {"w": True, "b": True}, result["bytes_path"]
 
 
 def test_sharded_rows_columns_and_rules(result):
@@ -170,6 +181,12 @@ def test_bad_input_is_a_clear_error(result):
     assert "no entry for tensor" in errors["dict_gap"]
     assert "not both" in errors["both"]
     assert errors["no_file"].startswith("NotFoundError")
+    # A tensor that cannot be stored as asked is named by its file and name, not its position in
+    # the put ("item 1"); each shard of a sharded one by its shard.
+    assert errors["fp8_to_bf16"].startswith("UnimplementedError"), errors["fp8_to_bf16"]
+    assert "fp8.safetensors:layers.0.scale'" in errors["fp8_to_bf16"], errors["fp8_to_bf16"]
+    sharded = errors["fp8_sharded"]
+    assert "fp8.safetensors:layers.0.scale[shard 0]'" in sharded, sharded
 
 
 RAISING_RULE = r"""

@@ -61,6 +61,24 @@ def test_a_float_request_leaves_float8_tensors_of_an_fp8_checkpoint_as_they_are(
         raise AssertionError("float8 -> bfloat16 was accepted")
 
 
+def test_a_sharded_load_names_the_file_and_tensor_that_failed(tmp_path):
+    # Before: the sharded put's own name for its input, "tensor 'array[shard 0]'".
+    ml_dtypes = __import__("ml_dtypes")
+    path = tmp_path / "fp8.safetensors"
+    ferry.save_file({"w32": np.array([1.5, -3.25], dtype=np.float32),
+                     "layers.0.scale": np.array([1.0, -2.0], dtype=ml_dtypes.float8_e4m3fn)}, path)
+    mesh = ferry.Mesh(ferry.devices("host")[:2], (2,), ("x",))
+    try:
+        ferry.load_file(path, sharding=ferry.Sharding(mesh, ("x",)), device_dtype="bfloat16",
+                        device_dtype_all=True)
+    except ferry.UnimplementedError as error:
+        assert "storage-only" in str(error), error
+        assert f"tensor '{path}:layers.0.scale[shard 0]'" in str(error), error
+        assert "'array" not in str(error), error
+    else:
+        raise AssertionError("float8 -> bfloat16 was accepted")
+
+
 def test_a_device_and_a_sharding_together_are_refused(tmp_path):
     path = tmp_path / "one.safetensors"
     ferry.save_file({"w": np.ones((4, 2), np.float32)}, path)

@@ -67,6 +67,12 @@ def test_a_missing_name_or_a_pattern_matching_nothing_is_named(checkpoint):
     assert len(ferry.load_file(path, exclude="no_such_*")) == 6
     with pytest.raises(TypeError, match="names= takes strings"):
         ferry.load_file(path, names=[3])
+    # bytes: refused whole, as one name would be taken (not as a list of ints: "not int")
+    for argument in ("names", "pattern", "exclude"):
+        for given in (b"embed.weight", [b"embed.weight"]):
+            with pytest.raises(TypeError, match=rf"{argument}= takes strings, not bytes "
+                                                r"\(b'embed.weight'\): decode"):
+                ferry.load_file(path, **{argument: given})
 
 
 def test_device_dtype_applies_to_the_chosen_tensors(checkpoint):

@@ -182,6 +182,62 @@ def test_to_xla_converts_on_the_way(xla):
     assert torch.equal(on_xla.cpu(), source.to(torch.float32))
 
 
+def test_to_xla_maps_over_a_pytree(xla):
+    """A list or dict (anything ferry.device_put takes) comes back in its structure, each leaf an
+    XLA tensor. Before: the whole put ran, then an UnimplementedError blamed the platform."""
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    first, second = sample(torch.float32), sample(torch.int32, (3, 5)).t()
+    pair = ferry_torch_xla.to_xla([first, second])
+    assert type(pair) is list and len(pair) == 2
+    tree = ferry_torch_xla.to_xla({"w": first.t(), "rest": (second, None)},
+                                  dtype={"w": "bfloat16", "rest": None})
+    assert sorted(tree) == ["rest", "w"] and type(tree["rest"]) is tuple and tree["rest"][1] is None
+    for got, expected in [(pair[0], first), (pair[1], second), (tree["w"], first.t().bfloat16()),
+                          (tree["rest"][0], second)]:
+        assert got.device.type == "xla" and got.dtype == expected.dtype
+        assert torch.equal(got.cpu(), expected)
+
+
+def test_to_xla_keeps_requires_grad_as_a_new_leaf(xla):
+    """An nn.Parameter gives an XLA leaf that requires grad (before: requires_grad=False,
+    silently); a plain tensor, or a dtype that cannot hold gradients, gives one that does not."""
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla",
+                                          reason="ferry is not installed in torch_xla's venv")
+    weight = torch.nn.Parameter(sample(torch.float32, (3, 4)))
+    tree = ferry_torch_xla.to_xla({"weight": weight, "plain": weight.detach(),
+                                   "ids": torch.arange(4)})
+    on_xla = tree["weight"]
+    assert on_xla.requires_grad and on_xla.is_leaf and type(on_xla) is torch.Tensor
+    assert not tree["plain"].requires_grad and not tree["ids"].requires_grad
+    (on_xla * 3).sum().backward()
+    assert torch.equal(on_xla.grad.cpu(), torch.full((3, 4), 3.0))
+    assert weight.grad is None  # nothing flows back to the source
+    assert not ferry_torch_xla.to_xla(weight, dtype="int32").requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_float8_tensors_are_put_although_torch_29s_dlpack_refuses_them(dtype):
+    """torch 2.9's DLPack raises "float8 types are not supported by dlpack": ferry reads a float8
+    tensor as the uint8 tensor over its memory, as it reads ml_dtypes' float8 numpy arrays."""
+    ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
+    source = sample(torch.float32).to(dtype).t()  # strided too
+    array = ferry.device_put(source)
+    assert array.device_dtype == str(dtype).removeprefix("torch.")
+    stored, reason = array._numpy_view(stored=True)  # this venv has no ml_dtypes: the bytes
+    assert stored is not None, reason
+    assert stored.tobytes() == bits(source)
+
+
+def test_a_tensor_on_torch_xlas_device_is_refused_naming_the_device(xla):
+    """torch's __dlpack_device__ raises for an XLA tensor; ferry asks torch for the device."""
+    ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
+    on_xla = torch.ones(3).to(xla)
+    with pytest.raises(ferry.InvalidArgumentError,
+                       match=r"a torch tensor in xla:0 memory: .*\.cpu\(\)"):
+        ferry.device_put(on_xla)
+
+
 def _run_fresh(code: str, timeout: int = 240):
     """`code` in a fresh interpreter of this venv (torch_xla reads its runtime settings once per
     process): its completed process."""
@@ -246,3 +302,23 @@ print("to_xla ok")
 """)
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "to_xla ok" in result.stdout
+
+
+def test_to_xla_refuses_spmd_before_torch_xla_takes_the_capsule():
+    """Under SPMD torch_xla's from_dlpack fails after it has freed the capsule, and the process
+    then aborted with a double free: to_xla refuses SPMD before it puts anything."""
+    pytest.importorskip("ferry.torch_xla", reason="ferry is not installed in torch_xla's venv")
+    result = _run_fresh("""
+import os
+os.environ.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+import torch, torch_xla.runtime as xr
+import ferry, ferry.torch_xla
+xr.use_spmd()
+try:
+    ferry.torch_xla.to_xla(torch.arange(8.0))
+except ferry.UnimplementedError as error:
+    print("refused:", error)
+""")
+    assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+    assert "refused: to_xla: torch_xla's SPMD mode is on" in result.stdout, result.stdout
+    assert "tensor.to(device)" in result.stdout
