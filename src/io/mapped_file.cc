@@ -372,9 +372,8 @@ Status MappedFile::CheckIntact() const {
   const int64_t from = vanished_from_.load(std::memory_order_relaxed);
   if (from == INT64_MAX) return OkStatus();
   return absl::DataLossError(fmt::format(
-      "file '{}' was truncated while it was mapped: a read at offset {} found its page gone, "
-      "and what was read from there on is zeros, not the file's data (replace tensor files "
-      "instead of rewriting them in place)",
+      "file '{}' was truncated while it was mapped: what was read of it from offset {} on is "
+      "zeros, not the file's data (replace tensor files instead of rewriting them in place)",
       display_name_, std::min(from, size_)));
 }
 

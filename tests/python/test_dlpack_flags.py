@@ -117,3 +117,38 @@ def test_capsules_other_than_dlpack_0_are_refused_with_what_to_pass():
     torch.from_dlpack(taken)
     with pytest.raises(ferry.InvalidArgumentError, match="taken already"):
         ferry.device_put(taken)
+
+
+@pytest.mark.parametrize("versioned", [False, True])
+def test_a_consumer_that_calls_the_deleter_and_leaves_the_capsule_unconsumed_is_survived(
+        versioned):
+    # torch_xla's from_dlpack, when it fails after taking the tensor, calls the DLPack deleter and
+    # leaves the capsule named "dltensor": the capsule's destructor then called the deleter a
+    # second time (a double free, the process aborted). Done here by hand, in a subprocess.
+    code = f"""
+    import ctypes, gc
+    import numpy as np
+    import ferry
+    api = ctypes.pythonapi
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    a = ferry.device_put(np.arange(1000, dtype=np.float32))
+    for _ in range(50):
+        if {versioned}:
+            capsule, name = a.__dlpack__(max_version=(1, 0)), b"dltensor_versioned"
+            deleter_offset = 16   # version (8), manager_ctx (8), deleter
+        else:
+            capsule, name = a.__dlpack__(), b"dltensor"
+            deleter_offset = 56   # DLTensor (48), manager_ctx (8), deleter
+        managed = api.PyCapsule_GetPointer(capsule, name)
+        deleter = ctypes.cast(ctypes.c_void_p.from_address(managed + deleter_offset).value,
+                              ctypes.CFUNCTYPE(None, ctypes.c_void_p))
+        deleter(managed)      # the consumer releases the tensor ...
+        del capsule           # ... and the capsule, never renamed, dies unconsumed
+        gc.collect()
+    print("alive", float(ferry.device_get(a)[-1]), flush=True)
+    """
+    from conftest import run_python
+    result = run_python(code, timeout=60)
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert "alive 999.0" in result.stdout, result.stdout

@@ -610,3 +610,14 @@ def test_a_tensor_of_more_dimensions_than_numpy_has_is_a_ferry_error(tmp_path):
     assert on_device.shape == tuple(shape)
     with pytest.raises(ferry.InvalidArgumentError, match="has 65 dimensions"):
         ferry.device_get(on_device)
+
+
+def test_a_npy_file_whose_name_is_not_utf8_loads_under_that_name(tmp_path):
+    # A .npy file's tensor is named by its file's stem, bytes that need not be UTF-8: the name
+    # comes back as os.fsdecode gives it (surrogates) instead of raising UnicodeDecodeError.
+    path = os.path.join(os.fsencode(tmp_path), b"w\xff.npy")
+    np.save(os.fsdecode(path), np.arange(3.0))
+    for loaded in (ferry.load_file(path), ferry.load_file(os.fsdecode(path), "host:0"),
+                   ferry.open_file(path)):
+        assert list(loaded.keys()) == [os.fsdecode(b"w\xff")]
+        np.testing.assert_array_equal(np.asarray(loaded[os.fsdecode(b"w\xff")]), np.arange(3.0))

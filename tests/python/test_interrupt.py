@@ -71,3 +71,64 @@ def test_sigint_interrupts_a_large_copy_put_and_the_transfer_finishes_cleanly():
     assert "still transferring when interrupted: True" in result.stdout, result.stdout
     assert "bytes in use after the interrupted put: 0" in result.stdout, result.stdout
     assert "done" in result.stdout
+
+
+@pytest.mark.parametrize("how", ["sharding", "shards"])
+def test_sigint_interrupts_a_large_sharded_copy_put(how):
+    code = f"""
+    import os, signal, threading, time
+    import numpy as np
+    import ferry
+    mesh = ferry.Mesh(ferry.devices("host")[:2], (2,), ("r",))
+    sharding = ferry.Sharding(mesh, ("r",))
+    source = np.full((1 << 14, 1 << 14), 0.5)   # 2 GiB of float64, stored as bfloat16
+    threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        if "{how}" == "sharding":
+            ferry.device_put(source, sharding, device_dtype="bfloat16")
+        else:
+            halves = [source[: 1 << 13], source[1 << 13 :]]
+            ferry.make_array_from_shards(source.shape, sharding, halves, device_dtype="bfloat16")
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    devices = ferry.devices("host")[:2]
+    print("still transferring when interrupted:", sum(d.bytes_in_use for d in devices) > 0)
+    deadline = time.monotonic() + 60
+    while sum(d.bytes_in_use for d in devices) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("bytes in use after:", sum(d.bytes_in_use for d in devices), flush=True)
+    """
+    result = run_python(code, timeout=120, env={"FERRY_HOST_DEVICES": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    # Without the interruptible wait the put runs to its end and the interrupt comes after it.
+    assert "interrupted" in result.stdout, result.stdout
+    assert "still transferring when interrupted: True" in result.stdout, result.stdout
+    assert "bytes in use after: 0" in result.stdout, result.stdout
+
+
+def test_an_interrupted_device_get_into_out_leaves_out_alone_once_it_raised():
+    # The caller has no handle on device_get(out=)'s read: once the call raised, out is the
+    # caller's again (the read used to go on writing into it in the background).
+    code = """
+    import os, signal, threading, time
+    import numpy as np
+    import ferry
+    x = np.ones(1 << 27)   # 1 GiB
+    a = ferry.device_put(x).block_until_ready()
+    out = np.zeros_like(x)
+    threading.Timer(0.02, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        ferry.device_get(a, out=out)
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    out[-(1 << 20):] = 7.0    # the caller reuses its buffer
+    time.sleep(0.5)
+    print("kept", int((out[-(1 << 20):] == 7.0).sum()), flush=True)
+    """
+    result = run_python(code, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "interrupted" in result.stdout, result.stdout   # a 1 GiB read outlasts 20 ms
+    assert "kept 1048576" in result.stdout, result.stdout
+

@@ -98,6 +98,37 @@ def test_a_forked_child_refuses_what_the_parent_made_at_once():
     assert "exit 0" in result.stdout
 
 
+def test_a_read_into_out_in_flight_at_fork_is_refused_in_the_child():
+    # The parent's engine threads, which would complete the read, are not in the child: its wait()
+    # hung forever there.
+    code = """
+    import os
+    import numpy as np
+    import ferry
+    x = np.ones(1 << 26)   # 512 MiB: the read is still going when the process forks
+    a = ferry.device_put(x)
+    read = a.copy_to_host_async(out=np.empty_like(x))
+    pid = os.fork()
+    if pid == 0:
+        messages = []
+        for attempt in (read.is_ready, read.wait):
+            try:
+                attempt()
+                messages.append("no error")
+            except ferry.FailedPreconditionError as error:
+                messages.append("fork" in str(error))
+        print("child", messages, flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    read.wait()
+    print("exit", os.waitstatus_to_exitcode(status))
+    """
+    result = run_with_prelude(code, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "child [True, True]" in result.stdout, result.stdout + result.stderr
+    assert "exit 0" in result.stdout
+
+
 def test_multiprocessing_fork_workers_put_and_get():
     code = """
     import multiprocessing as mp

@@ -94,6 +94,14 @@ def test_device_get_out_errors_name_the_problem_and_write_nothing(device):
     with pytest.raises(ferry.InvalidArgumentError, match=r"out\[1\] is the same numpy array"):
         ferry.device_get([a, b], out=[good, good])
     assert (good == -1).all()
+    # Elements sharing bytes (a writable zero-stride or overlapping-rows view): which value would
+    # land there is a race between the read's threads, so it is refused before anything is written.
+    backing = np.full(16, -1, np.float32)
+    for strides in [(0, 4), (4, 4)]:
+        overlapping = np.lib.stride_tricks.as_strided(backing, (3, 4), strides, writeable=True)
+        with pytest.raises(ferry.InvalidArgumentError, match="same bytes"):
+            ferry.device_get(a, out=overlapping)
+    assert (backing == -1).all()
     with pytest.raises(ferry.InvalidArgumentError, match="list or tuple of 2 entries"):
         ferry.device_get([a, b], out=[good])
     with pytest.raises(ferry.InvalidArgumentError, match="keys"):

@@ -116,3 +116,54 @@ def test_each_array_answers_for_its_own_file_only(tmp_path):
     assert "a: DataLossError True" in result.stdout, result.stdout
     assert "b before 2.0" in result.stdout and "b after 2.0" in result.stdout, result.stdout
     assert "b load 2.0" in result.stdout, result.stdout
+
+
+def test_a_cut_inside_a_tensors_last_page_is_data_loss_too(tmp_path):
+    # Truncated inside the page that holds the tensor's end: no SIGBUS at all (the page stays
+    # mapped and reads zeros past the cut), and the put used to get those zeros silently.
+    path = tmp_path / "cut.safetensors"
+    code = f"""
+    import os
+    import numpy as np
+    import ferry
+    path = {str(path)!r}
+    ferry.save_file({{"a": np.arange(1, 65, dtype=np.float32)}}, path)
+    f = ferry.open_file(path)
+    os.truncate(path, os.path.getsize(path) - 100)
+    for device in ("host:0", "pjrt:0"):
+        try:
+            back = ferry.device_get(ferry.device_put(f["a"], device))
+            print(device, "no error", back[-30:])
+        except ferry.DataLossError as error:
+            print(device, "DataLossError", "was truncated" in str(error))
+    """
+    result = run_python(code, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "host:0 DataLossError True" in result.stdout, result.stdout
+    assert "pjrt:0 DataLossError True" in result.stdout, result.stdout
+
+
+def test_faulthandler_enabled_after_the_file_was_opened_does_not_turn_a_cut_into_a_crash(tmp_path):
+    # faulthandler, enabled after ferry's handler, re-raises the SIGBUS after putting ferry's
+    # handler back; ferry used to answer that raise with the default action (death by SIGBUS).
+    path = tmp_path / "big.safetensors"
+    code = f"""
+    import faulthandler, os
+    import numpy as np
+    import ferry
+    path = {str(path)!r}
+    ferry.save_file({{"a": np.ones(1 << 20, np.float32)}}, path)
+    f = ferry.open_file(path)
+    faulthandler.enable()
+    os.truncate(path, 4096)
+    print("sum", float(f["a"].sum()), flush=True)   # numpy reads the vanished pages: zeros
+    try:
+        ferry.device_put(f["a"])
+    except ferry.DataLossError:
+        print("DataLossError")
+    """
+    result = run_python(code, timeout=60)
+    assert result.returncode != -signal.SIGBUS, "killed by SIGBUS"
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DataLossError" in result.stdout, result.stdout
+
