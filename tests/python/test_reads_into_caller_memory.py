@@ -155,3 +155,25 @@ def test_reads_into_a_deleted_array_are_refused(device):
     a.delete()
     with pytest.raises(ferry.FailedPreconditionError, match="deleted"):
         ferry.device_get(a, out=np.zeros(3, np.float32))
+
+
+def test_delete_lets_go_of_the_host_copy_of_copy_to_host_async():
+    # The host copy belongs to the array: delete() gives back its memory with the device memory
+    # (it stayed held until the Array object itself was dropped). Both go to ferry's cache of freed
+    # host memory here, which tells.
+    import time
+    x = np.ones(1 << 23)   # 64 MiB
+    a = ferry.device_put(x, "host:0").block_until_ready()
+    ferry.reset_metrics()
+    a.copy_to_host_async()
+    deadline = time.monotonic() + 30
+    while ferry.metrics().get("InboundData.count", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    cached = ferry.metrics()["HostMemoryCacheBytes"]
+    a.delete()
+    # The read's own callback may hold the copy a moment longer.
+    deadline = time.monotonic() + 10
+    while (ferry.metrics()["HostMemoryCacheBytes"] - cached < 2 * x.nbytes
+           and time.monotonic() < deadline):
+        time.sleep(0.005)
+    assert ferry.metrics()["HostMemoryCacheBytes"] - cached >= 2 * x.nbytes
