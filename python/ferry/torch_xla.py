@@ -70,6 +70,12 @@ def _viewed_by_xla(array: Any, source: Any, from_dlpack: Any) -> Any:
     try:
         viewed = from_dlpack(array)
     except (RuntimeError, ValueError) as error:
+        stored = str(array.device_dtype)
+        if stored.startswith("float8"):
+            # torch_xla 2.9's DLPack import knows no float8 type code, on any platform.
+            raise ferry.UnimplementedError(
+                f"to_xla: torch_xla's from_dlpack takes no {stored} ({error}); store it as "
+                "another dtype (dtype=...) or use tensor.to(device)") from error
         raise ferry.UnimplementedError(
             f"to_xla: torch_xla did not take ferry's host memory ({error}); its from_dlpack "
             "views host memory on the CPU platform only: use tensor.to(device)") from error

@@ -229,6 +229,15 @@ def test_float8_tensors_are_put_although_torch_29s_dlpack_refuses_them(dtype):
     assert stored.tobytes() == bits(source)
 
 
+def test_to_xla_of_float8_says_torch_xla_takes_no_float8(xla):
+    """ferry puts float8, but torch_xla 2.9's from_dlpack has no float8 type code: the error says
+    so (not that the platform is the problem) and what to do instead."""
+    ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
+    ferry_torch_xla = pytest.importorskip("ferry.torch_xla")
+    with pytest.raises(ferry.UnimplementedError, match=r"takes no float8_e4m3fn .*dtype="):
+        ferry_torch_xla.to_xla(sample(torch.float32).to(torch.float8_e4m3fn))
+
+
 def test_a_tensor_on_torch_xlas_device_is_refused_naming_the_device(xla):
     """torch's __dlpack_device__ raises for an XLA tensor; ferry asks torch for the device."""
     ferry = pytest.importorskip("ferry", reason="ferry is not installed in torch_xla's venv")
