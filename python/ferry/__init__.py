@@ -35,6 +35,11 @@ def _quiet_exit_with_daemon_threads() -> None:
     if (any(t.daemon and t.is_alive() and t is not current for t in threading.enumerate())
             or len(sys._current_frames()) > 1):
         _ferry._set_leak_warnings(False)
+    # jaxlib's pytree registry (a registered dataclass, flax and equinox modules) keeps the
+    # modules of registered types, __main__ included, alive past finalisation: their globals'
+    # ferry objects are JAX's to free, not leaks of ferry's.
+    if "jaxlib" in sys.modules:
+        _ferry._set_leak_warnings(False)
 
 
 atexit.register(_quiet_exit_with_daemon_threads)

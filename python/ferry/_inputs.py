@@ -174,6 +174,25 @@ def _carried_torch_tensor(x: Any) -> tuple[Any, str | None]:
     return x, None
 
 
+def _single_device_jax_array(x: Any, where: str) -> Any:
+    """A jax.Array over several devices as one that DLPack can pack (one device's data): the data
+    of its first shard here when every device holds all of it (fully replicated); else an error
+    saying what to pass (JAX's own BufferError said nothing of the kind by the time it reached
+    the user)."""
+    if not type(x).__module__.startswith("jax"):
+        return x
+    device_set = getattr(getattr(x, "sharding", None), "device_set", None)
+    if device_set is None or len(device_set) <= 1:
+        return x
+    shards = x.addressable_shards
+    if getattr(x, "is_fully_replicated", False) and shards:
+        return shards[0].data
+    raise InvalidArgumentError(
+        f"{where}: a jax.Array sharded over {len(device_set)} devices, which DLPack cannot pack "
+        "(it carries one device's data): put its shards (x.addressable_shards, e.g. through "
+        "ferry.make_array_from_shards), or np.asarray(x) for the whole array")
+
+
 def _prepare_other(x: Any, where: str) -> Any:
     """_prepare for what is not a plain numpy array: scalars, framework arrays, ferry.Arrays,
     objects numpy alone can read; checked, and made readable where it must be."""
@@ -190,6 +209,7 @@ def _prepare_other(x: Any, where: str) -> Any:
             # which the DLPack import recognises as torch's.
             x = x.as_subclass(sys.modules["torch"].Tensor)
     x = _resolve_lazy_views(x)
+    x = _single_device_jax_array(x, where)
     if isinstance(x, Array):
         if x.is_deleted():
             raise FailedPreconditionError(f"{where}: a ferry.Array that has been deleted")

@@ -147,7 +147,8 @@ def _jax_sharding_for(rule: Any, name: str, shape: tuple[int, ...], dtype: np.dt
     # matrices, met by a bias): replicated over the same mesh, as ferry.load_file does.
     spec = getattr(sharding, "spec", None)
     if spec is not None and len(spec) > len(shape):
-        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        sharding = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(),
+                                              memory_kind=sharding.memory_kind)
     return sharding
 
 
@@ -212,7 +213,9 @@ def load_file(
     memory of ferry's, which JAX then takes without another copy where the device's memory is host
     memory (ferry's platform over the CPU plugin, or JAX's "cpu"); a device whose memory is not
     host memory gets that buffer through its plugin's own transfer. The file is read once, and no
-    cast runs on the device. The files are put 256 MiB at a time, each stretch's pages given back
+    cast runs on the device (but for a real tensor asked to be complex with ``dtype_all``: ferry
+    never stores real as complex, so JAX casts that one once placed). A sharding's memory kind
+    (``pinned_host``, ...) is where the shards go. The files are put 256 MiB at a time, each stretch's pages given back
     once put, so the load does not hold the files and the arrays at once.
 
     sharding: a ``jax.sharding.Sharding`` (a ``NamedSharding`` whose spec is longer than a
@@ -252,7 +255,7 @@ def load_file(
     # then given back, so the load never holds the files and the converted copy at once.
     result: dict[str, Any] = {}
     for window, ranges in _prefetched_windows(list(tensors), tensors):
-        plans = []  # (name, global shape, jax sharding, [device, ...])
+        plans = []  # (name, global shape, jax sharding, [device, ...], dtype to cast to or None)
         views: list[np.ndarray] = []
         view_dtypes: list[str] = []
         view_names: list[str] = []  # in errors: "<file>:<tensor>", as ferry.load_file names them
@@ -261,6 +264,12 @@ def load_file(
             stored = (_device_dtype_for(requested, view.dtype, dtype_all)
                       or _dtype_name(view.dtype.newbyteorder("=")))
             stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
+            cast_to = None
+            if stored.startswith("complex") and view.dtype.kind not in "bc":
+                # ferry never stores a real tensor as complex (it could not read it back in its
+                # own dtype, docs/conversions.md): put as it is, and JAX casts it once placed.
+                cast_to = stored
+                stored = _dtype_name(jax.dtypes.canonicalize_dtype(view.dtype.newbyteorder("=")))
             tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
             devices = []
             shards = tensor_sharding.addressable_devices_indices_map(tuple(view.shape))
@@ -270,7 +279,7 @@ def load_file(
                 view_dtypes.append(stored)
                 view_names.append(f"{files[name]}:{name}" if len(shards) == 1
                                   else f"{files[name]}:{name}[shard {shard}]")
-            plans.append((name, tuple(view.shape), tensor_sharding, devices))
+            plans.append((name, tuple(view.shape), tensor_sharding, devices, cast_to))
         host_arrays = _device_put(views, "host:0", view_dtypes, "copy", None, view_names)
         _release_file_pages(ranges)
 
@@ -282,13 +291,18 @@ def load_file(
             if stored_view is None:
                 raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
             shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
-        shard_devices = [device for *_, devices in plans for device in devices]
-        placed = jax.device_put(shard_arrays, shard_devices)
+        # Into the memory the sharding names (its memory kind: pinned_host, unpinned_host, ...).
+        shard_places = [
+            jax.sharding.SingleDeviceSharding(device, memory_kind=tensor_sharding.memory_kind)
+            for _, _, tensor_sharding, devices, _ in plans for device in devices]
+        placed = jax.device_put(shard_arrays, shard_places)
 
         position = 0
-        for name, shape, tensor_sharding, devices in plans:
+        for name, shape, tensor_sharding, devices, cast_to in plans:
             count = len(devices)
             result[name] = jax.make_array_from_single_device_arrays(
                 shape, tensor_sharding, placed[position:position + count])
+            if cast_to is not None:
+                result[name] = result[name].astype(_NUMPY_DTYPES[cast_to])
             position += count
     return result

@@ -221,3 +221,53 @@ def test_a_loop_body_that_raises_stops_the_look_ahead_before_the_file_goes(tmp_p
                         env={"FERRY_LOAD_WINDOW_BYTES": str(16 << 20)})
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "survived" in result.stdout
+
+
+def test_memory_kinds_complex_requests_and_replicated_jax_arrays_on_jaxs_cpu_devices(tmp_path):
+    # On JAX's own CPU devices (no plugin): a sharding's memory kind is where the shards go (it was
+    # dropped, or the load failed with "Memory kind mismatch"); dtype_all=complex64 turns real
+    # tensors complex (refused before: ferry does not store real as complex); a fully replicated
+    # jax.Array over several devices is put from one of its copies, a sharded one is refused
+    # saying what to pass (it was "neither a buffer nor a CPU DLPack tensor").
+    code = f"""
+    import json
+    import numpy as np
+    import ferry, ferry.jax
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    path = {str(tmp_path / "m.safetensors")!r}
+    w = np.arange(16, dtype=np.float32).reshape(4, 4)
+    ferry.save_file({{"w": w, "b": np.arange(4, dtype=np.float32)}}, path)
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("a", "b"))
+    out = {{}}
+    for kind in ("pinned_host", "unpinned_host"):
+        for spec in (P(), P("a", "b"), P("a", "b", None)):
+            loaded = ferry.jax.load_file(path, NamedSharding(mesh, spec, memory_kind=kind))
+            out[f"{{kind}} {{spec}}"] = [loaded["w"].sharding.memory_kind,
+                                         bool(np.array_equal(np.asarray(loaded["w"]), w))]
+    single = jax.sharding.SingleDeviceSharding(jax.devices()[1], memory_kind="unpinned_host")
+    out["single"] = ferry.jax.load_file(path, single)["b"].sharding.memory_kind
+    complex_ = ferry.jax.load_file(path, dtype="complex64", dtype_all=True)["w"]
+    out["complex"] = [str(complex_.dtype), bool(np.array_equal(np.asarray(complex_), w + 0j))]
+    line = jax.devices()[:2]
+    replicated = jax.device_put(w, NamedSharding(Mesh(np.array(line), ("x",)), P()))
+    out["replicated"] = bool(np.array_equal(ferry.device_get(ferry.device_put(replicated)), w))
+    split = jax.device_put(w, NamedSharding(Mesh(np.array(line), ("x",)), P("x")))
+    try:
+        ferry.device_put(split)
+        out["split"] = "no error"
+    except ferry.InvalidArgumentError as error:
+        out["split"] = str(error)
+    print(json.dumps(out))
+    """
+    completed = run_python(code, timeout=300,
+                           env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    for kind in ("pinned_host", "unpinned_host"):
+        for spec in ("P()", "P('a', 'b')", "P('a', 'b', None)"):
+            assert out[f"{kind} {spec}"] == [kind, True], (kind, spec, out)
+    assert out["single"] == "unpinned_host"
+    assert out["complex"] == ["complex64", True]
+    assert out["replicated"] is True
+    assert "sharded over 2 devices" in out["split"] and "addressable_shards" in out["split"]

@@ -323,3 +323,26 @@ def test_exit_with_a_raw_thread_inside_ferry_is_quiet():
     print("main done", flush=True)
     """
     assert_exits_cleanly(code, quiet=True)
+
+
+def test_no_leak_report_at_exit_when_jax_holds_the_main_module():
+    # jaxlib's pytree registry keeps a registered type's module (here __main__, whose global holds
+    # a ferry.Array) alive past finalisation; nanobind called that a reference counting bug.
+    code = """
+    import dataclasses
+    import numpy as np
+    import jax
+    import ferry
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Params:
+        w: jax.Array
+
+    a = ferry.device_put(np.ones(3, np.float32), "host:0")
+    print("ok", flush=True)
+    """
+    result = run_python(code, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ok" in result.stdout
+    assert "leaked" not in result.stderr, result.stderr[-2000:]
