@@ -233,7 +233,7 @@ def load_file(
     """
     import jax
 
-    from ._dtypes import _NUMPY_DTYPES, _device_dtype_for, _dtype_name
+    from ._dtypes import _dtype_name
     from ._files import _prefetched_windows, _release_file_pages
     from ._transfers import _device_put
 
@@ -261,15 +261,7 @@ def load_file(
         view_names: list[str] = []  # in errors: "<file>:<tensor>", as ferry.load_file names them
         for name in window:
             view = tensors[name]
-            stored = (_device_dtype_for(requested, view.dtype, dtype_all)
-                      or _dtype_name(view.dtype.newbyteorder("=")))
-            stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
-            cast_to = None
-            if stored.startswith("complex") and view.dtype.kind not in "bc":
-                # ferry never stores a real tensor as complex (it could not read it back in its
-                # own dtype, docs/conversions.md): put as it is, and JAX casts it once placed.
-                cast_to = stored
-                stored = _dtype_name(jax.dtypes.canonicalize_dtype(view.dtype.newbyteorder("=")))
+            stored, cast_to = _stored_dtype(requested, view.dtype, dtype_all)
             tensor_sharding = _jax_sharding_for(sharding, name, tuple(view.shape), view.dtype)
             devices = []
             shards = tensor_sharding.addressable_devices_indices_map(tuple(view.shape))
@@ -282,27 +274,55 @@ def load_file(
             plans.append((name, tuple(view.shape), tensor_sharding, devices, cast_to))
         host_arrays = _device_put(views, "host:0", view_dtypes, "copy", None, view_names)
         _release_file_pages(ranges)
-
-        # Each shard's memory as a numpy array of the stored dtype, handed to JAX (aliased where
-        # the device's memory is host memory and the address 64-byte aligned, as ferry's is).
-        shard_arrays = []
-        for host_array, stored in zip(host_arrays, view_dtypes):
-            stored_view, reason = host_array._numpy_view(stored=True)
-            if stored_view is None:
-                raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
-            shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
-        # Into the memory the sharding names (its memory kind: pinned_host, unpinned_host, ...).
-        shard_places = [
-            jax.sharding.SingleDeviceSharding(device, memory_kind=tensor_sharding.memory_kind)
-            for _, _, tensor_sharding, devices, _ in plans for device in devices]
-        placed = jax.device_put(shard_arrays, shard_places)
-
-        position = 0
-        for name, shape, tensor_sharding, devices, cast_to in plans:
-            count = len(devices)
-            result[name] = jax.make_array_from_single_device_arrays(
-                shape, tensor_sharding, placed[position:position + count])
-            if cast_to is not None:
-                result[name] = result[name].astype(_NUMPY_DTYPES[cast_to])
-            position += count
+        result.update(_handed_to_jax(host_arrays, view_dtypes, plans))
     return result
+
+
+def _stored_dtype(requested: str | None, dtype: np.dtype, dtype_all: bool
+                  ) -> tuple[str, str | None]:
+    """(the dtype ferry stores a tensor of numpy `dtype` as, the dtype JAX then casts it to or
+    None), for load_file's `dtype` request: JAX's canonical types (int64 -> int32 without x64).
+    ferry never stores a real tensor as complex (it could not read it back in its own dtype,
+    docs/conversions.md): such a one is put as it is, and JAX casts it once placed."""
+    import jax
+
+    from ._dtypes import _NUMPY_DTYPES, _device_dtype_for, _dtype_name
+
+    native = _dtype_name(dtype.newbyteorder("="))
+    stored = _device_dtype_for(requested, dtype, dtype_all) or native
+    stored = _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[stored]))
+    if stored.startswith("complex") and dtype.kind not in "bc":
+        return _dtype_name(jax.dtypes.canonicalize_dtype(_NUMPY_DTYPES[native])), stored
+    return stored, None
+
+
+def _handed_to_jax(host_arrays: list[Any], view_dtypes: list[str], plans: list[Any]
+                   ) -> dict[str, Any]:
+    """load_file's jax.Arrays of one window, by name: each shard's memory (ferry's host arrays,
+    in the order of `plans`' devices) as a numpy array of its stored dtype, handed to JAX (aliased
+    where the device's memory is host memory and the address 64-byte aligned, as ferry's is), into
+    the memory the sharding names (its memory kind: pinned_host, ...)."""
+    import jax
+
+    from ._dtypes import _NUMPY_DTYPES
+
+    shard_arrays = []
+    for host_array, stored in zip(host_arrays, view_dtypes):
+        stored_view, reason = host_array._numpy_view(stored=True)
+        if stored_view is None:
+            raise InvalidArgumentError(f"ferry.jax.load_file: cannot view a shard: {reason}")
+        shard_arrays.append(stored_view.view(_NUMPY_DTYPES[stored]))
+    shard_places = [
+        jax.sharding.SingleDeviceSharding(device, memory_kind=tensor_sharding.memory_kind)
+        for _, _, tensor_sharding, devices, _ in plans for device in devices]
+    placed = jax.device_put(shard_arrays, shard_places)
+    arrays: dict[str, Any] = {}
+    position = 0
+    for name, shape, tensor_sharding, devices, cast_to in plans:
+        count = len(devices)
+        arrays[name] = jax.make_array_from_single_device_arrays(
+            shape, tensor_sharding, placed[position:position + count])
+        if cast_to is not None:
+            arrays[name] = arrays[name].astype(_NUMPY_DTYPES[cast_to])
+        position += count
+    return arrays
