@@ -180,9 +180,12 @@ def load_file(
     `shard_along(mesh, dim)`. Each process sends only its own devices' shards, straight from the
     mapped file, so it reads only the bytes they cover (and every replicated tensor). In a job of
     several processes every process must call it with the same file, shardings and device dtype;
-    when they differ, every process raises `InvalidArgumentError` naming the ranks and the first
+    when what they plan differs (a tensor's name, dtype, shape or sharding, a mesh, the dtype
+    arguments), every process raises `InvalidArgumentError` naming the ranks and the first
     tensor (or mesh, or dtype argument) that differs, both values cut around the difference, in
     lines of at most 80 columns; when it fails on one, it raises the same error on every process.
+    The files' bytes are not compared: two files of the same tensors with other values (each
+    process's own copy, out of date on one machine) load without an error.
     """
     if sharding is not None:
         if device is not None:

@@ -174,8 +174,8 @@ Status InitializeMpiWithin(double timeout) {
     *stuck = absl::DeadlineExceededError(fmt::format(
         "{}: MPI start-up (MPI_Init_thread) did not finish within {:g} s "
         "(FERRY_DISTRIBUTED_TIMEOUT_S): another process of the job never started MPI (it "
-        "ended, or runs a program that does not use ferry's MPI); MPI cannot be used in this "
-        "process any more, end it",
+        "ended, or runs a program that does not use ferry's MPI), or start-up takes longer than "
+        "that setting allows; MPI cannot be used in this process any more, end it",
         LauncherRank(), timeout));
     return *stuck;
   }
@@ -302,14 +302,33 @@ class MpiProcessGroup final : public ProcessGroup {
 
   void Finalize() {
     MutexLock lock(mutex_);
-    if (finalized_ || !broken_.ok() || !initialized_here_) return;
+    if (finalized_) return;
     finalized_ = true;
+    if (!broken_.ok() || !initialized_here_) return;
+    // MPI_Finalize waits for every other process to finalize too: not when one is known to be
+    // gone (it never will), and never longer than FERRY_DISTRIBUTED_TIMEOUT_S (on a thread of its
+    // own, as start-up): past that the process ends without it, instead of hanging at exit.
+    if (!CheckPeers("shutdown", /*check_pids=*/true).ok()) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-      MPI_Comm_free(&comm_);
+    if (finalized) return;
+    MPI_Comm_free(&comm_);
+    struct Finishing {
+      std::mutex mutex;
+      std::condition_variable cv;
+      bool done = false;
+    };
+    auto finishing = std::make_shared<Finishing>();
+    std::thread([finishing] {
       MPI_Finalize();
-    }
+      std::lock_guard<std::mutex> done_lock(finishing->mutex);
+      finishing->done = true;
+      finishing->cv.notify_all();
+    }).detach();
+    std::unique_lock<std::mutex> wait_lock(finishing->mutex);
+    finishing->cv.wait_for(
+        wait_lock, std::chrono::duration<double>(std::min(CollectiveTimeoutSeconds(), 3.6e6)),
+        [&] { return finishing->done; });
   }
 
  private:
@@ -362,6 +381,12 @@ class MpiProcessGroup final : public ProcessGroup {
   // Before a collective starts: a peer already known to be gone fails it at once, without calling
   // MPI, which would wait for that peer (or end this process on its dead connection).
   Status CheckPeersBeforeStarting(std::string_view step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_) {
+    if (finalized_) {
+      return FailedPreconditionError(fmt::format(
+          "rank {} of {}: {} after ferry.distributed.shutdown(): this process has left the job "
+          "(MPI cannot be joined again)",
+          rank_, size_, step));
+    }
     FERRY_RETURN_IF_ERROR(broken_);
     return CheckPeers(step, /*check_pids=*/true);
   }

@@ -216,12 +216,37 @@ void Finalize() {
 }
 
 Status AgreeOnStatus(ProcessGroup& group, const Status& local, std::string_view step) {
-  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> all, group.AllGather(Encode(local), step));
+  // Each rank's step goes with its status: ranks that reached different steps (a rank that left
+  // a loop early, calls made in another order) are told so, the same on every rank, instead of
+  // agreeing on the wrong step's outcome and waiting for each other later.
+  FERRY_ASSIGN_OR_RETURN(
+      std::vector<std::string> all,
+      group.AllGather(fmt::format("{}:{}{}", step.size(), step, Encode(local)), step));
+  std::vector<std::string_view> steps;
+  std::vector<std::string_view> statuses;
+  for (const std::string& entry : all) {
+    const size_t colon = entry.find(':');
+    size_t length = 0;
+    if (colon == std::string::npos || !absl::SimpleAtoi(entry.substr(0, colon), &length) ||
+        length > entry.size() - colon - 1) {
+      return absl::UnknownError(fmt::format("a malformed status from a peer: '{}'", entry));
+    }
+    steps.push_back(std::string_view(entry).substr(colon + 1, length));
+    statuses.push_back(std::string_view(entry).substr(colon + 1 + length));
+  }
+  for (size_t rank = 1; rank < steps.size(); ++rank) {
+    if (steps[rank] != steps[0]) {
+      return FailedPreconditionError(fmt::format(
+          "the processes are at different collective steps: rank 0 at '{}', rank {} at '{}' "
+          "(every process must make the same collective calls in the same order)",
+          steps[0], rank, steps[rank]));
+    }
+  }
   int first = -1;
   Status first_status;
   std::vector<int> others;
-  for (size_t rank = 0; rank < all.size(); ++rank) {
-    Status status = Decode(all[rank]);
+  for (size_t rank = 0; rank < statuses.size(); ++rank) {
+    Status status = Decode(statuses[rank]);
     if (status.ok()) continue;
     if (first < 0) {
       first = static_cast<int>(rank);
@@ -233,7 +258,10 @@ Status AgreeOnStatus(ProcessGroup& group, const Status& local, std::string_view 
   if (first < 0) return OkStatus();
   std::string message = fmt::format("rank {} of {} failed during {}: {}", first, group.size(), step,
                                     std::string(first_status.message()));
-  if (!others.empty()) message += fmt::format(" (ranks {} failed too)", fmt::join(others, ", "));
+  if (!others.empty()) {
+    message += fmt::format(" ({} {} failed too)", others.size() == 1 ? "rank" : "ranks",
+                           fmt::join(others, ", "));
+  }
   return Status(first_status.code(), message);
 }
 

@@ -415,6 +415,81 @@ def case_dead_before_collective(directory):
     print(f"rank {me}: no error", flush=True)
 
 
-if __name__ == "__main__":
+def case_uncaught_exception(directory):
+    """Rank 1 ends on an uncaught exception while the others enter a collective: it leaves without
+    waiting in MPI_Finalize, so they find it gone at once (not after FERRY_DISTRIBUTED_TIMEOUT_S)."""
+    if ferry.process_index() == 1:
+        raise RuntimeError("a bug on rank 1")
+    try:
+        with ferry.distributed.agreed("next step"):
+            pass
+    except ferry.Error as error:
+        print(f"rank {ferry.process_index()} error: {error}", flush=True)
+        sys.exit(3)
+    print(f"rank {ferry.process_index()}: no error", flush=True)
+
+
+def case_interrupted_inside_agreed(directory):
+    """KeyboardInterrupt inside an agreed block on rank 1: the others raise the agreed error, and
+    rank 1 its own KeyboardInterrupt (before: the others waited for it until the timeout)."""
+    me = ferry.process_index()
+    try:
+        with ferry.distributed.agreed("a step"):
+            if me == 1:
+                raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        print(f"rank {me}: KeyboardInterrupt", flush=True)
+    except ferry.Error as error:
+        print(f"rank {me} error: {error}", flush=True)
+
+
+def case_out_of_order(directory):
+    """Ranks at different steps are told so on every rank, instead of agreeing on the wrong one."""
+    me = ferry.process_index()
+    try:
+        with ferry.distributed.agreed(f"step {me % 2}"):
+            pass
+        print(f"rank {me}: no error", flush=True)
+    except ferry.Error as error:
+        print(f"rank {me} error: {error}", flush=True)
+
+
+def case_after_shutdown(directory):
+    """Collectives after shutdown() raise; is_initialized() is False; initialize() refuses."""
+    me = ferry.process_index()
+    ferry.distributed.shutdown()
+    outcomes = [ferry.distributed.is_initialized()]
+    for call in (lambda: ferry._ferry._agree(None, "", "after"), ferry.distributed.initialize):
+        try:
+            call()
+            outcomes.append("no error")
+        except ferry.FailedPreconditionError as error:
+            outcomes.append("shutdown" in str(error))
+    print(f"rank {me}: {outcomes}", flush=True)
+
+
+def case_global_devices_before_initialize(directory):
+    """global_devices() asked before initialize() (one process then) is gathered job-wide after it:
+    a sharded load over the mesh splits the tensor between the ranks (each held it whole)."""
+    import numpy as np
+
+    early = ferry.global_devices()
     ferry.distributed.initialize()
+    devices = ferry.global_devices()
+    path = os.path.join(directory, "w.npy")
+    if ferry.process_index() == 0:
+        np.save(path, np.arange(32, dtype=np.float32).reshape(8, 4))
+    ferry._ferry._barrier("written")
+    mesh = ferry.Mesh(devices, (len(devices),), ("x",))
+    array = ferry.load_file(path, sharding=ferry.shard_along(mesh, dim=0))["w"]
+    print(f"rank {ferry.process_index()}: {len(early)} early, {len(devices)} job-wide, "
+          f"fully addressable {array.is_fully_addressable}", flush=True)
+
+
+# Cases that call initialize() themselves, later than at start.
+_INITIALIZE_LATER = {"global_devices_before_initialize"}
+
+if __name__ == "__main__":
+    if sys.argv[1] not in _INITIALIZE_LATER:
+        ferry.distributed.initialize()
     globals()["case_" + sys.argv[1]](sys.argv[2])

@@ -175,3 +175,46 @@ def test_a_killed_rank_ends_the_job_with_an_error_and_no_hang(tmp_path):
     assert "no error" not in result.stdout
     survivors = [line for line in result.stdout.splitlines() if " error: " in line]
     assert all("ended" in line for line in survivors), survivors
+
+
+def test_a_rank_ending_on_an_uncaught_exception_fails_the_others_at_once(tmp_path):
+    # It used to wait in MPI_Finalize (at exit) for the others, which waited for it in their
+    # collective until FERRY_DISTRIBUTED_TIMEOUT_S (here 300 s, far beyond the job's 60 s).
+    result, _ = mpiexec(3, "uncaught_exception", tmp_path, "-disable-auto-cleanup", timeout=60,
+                        collective_timeout=300)
+    assert result.returncode != 0
+    assert "a bug on rank 1" in result.stderr
+    assert "no error" not in result.stdout, result.stdout
+
+
+def test_ctrl_c_inside_an_agreed_block_reaches_the_other_ranks(tmp_path):
+    result, elapsed = mpiexec(2, "interrupted_inside_agreed", tmp_path, timeout=60,
+                              collective_timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 1: KeyboardInterrupt" in result.stdout, result.stdout
+    reports = error_reports(result.stdout)
+    assert "KeyboardInterrupt" in reports.get(0, ""), result.stdout
+
+
+def test_ranks_at_different_steps_are_told_so(tmp_path):
+    result, _ = mpiexec(2, "out_of_order", tmp_path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    reports = error_reports(result.stdout)
+    assert sorted(reports) == [0, 1], result.stdout
+    assert all("different collective steps" in message for message in reports.values()), reports
+
+
+def test_collectives_after_shutdown_raise(tmp_path):
+    result, _ = mpiexec(2, "after_shutdown", tmp_path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: [False, True, True]" in result.stdout, result.stdout
+
+
+def test_global_devices_asked_before_initialize_are_gathered_again_job_wide(tmp_path):
+    result, _ = mpiexec(2, "global_devices_before_initialize", tmp_path, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        assert (f"rank {rank}: 2 early, 4 job-wide, fully addressable False" in result.stdout), \
+            result.stdout
+
