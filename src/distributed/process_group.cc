@@ -3,6 +3,7 @@
 #include "ferry/distributed/process_group.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -57,6 +58,33 @@ Status Decode(std::string_view bytes) {
 }
 
 bool IsUtf8Continuation(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// The characters (UTF-8 code points) in `text`: what a reader counts, where bytes are not.
+size_t CharacterCount(std::string_view text) {
+  return static_cast<size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return !IsUtf8Continuation(c); }));
+}
+
+// The columns a terminal gives `text` (UTF-8): two for an East Asian wide or fullwidth character
+// (Unicode's EastAsianWidth W and F blocks: Hangul, CJK, kana, fullwidth forms), one for any other.
+size_t DisplayWidth(std::string_view text) {
+  size_t width = 0;
+  for (size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    uint32_t code = length == 1 ? lead : lead & (0x7F >> length);
+    for (size_t k = 1; k < length && i + k < text.size(); ++k) {
+      code = (code << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3F);
+    }
+    const bool wide = (code >= 0x1100 && code <= 0x115F) || (code >= 0x2E80 && code <= 0xA4CF) ||
+                      (code >= 0xAC00 && code <= 0xD7A3) || (code >= 0xF900 && code <= 0xFAFF) ||
+                      (code >= 0xFE30 && code <= 0xFE4F) || (code >= 0xFF00 && code <= 0xFF60) ||
+                      (code >= 0xFFE0 && code <= 0xFFE6) || (code >= 0x20000 && code <= 0x3FFFD);
+    width += wide ? 2 : 1;
+    i += length;
+  }
+  return width;
+}
 
 // The lines of a value (a value without '\n' is one line).
 std::vector<std::string_view> Lines(std::string_view value) {
@@ -147,9 +175,10 @@ std::string DescribeDifference(std::string_view what, const std::vector<std::str
   size_t at = 0;
   while (at < a.size() && at < b.size() && a[at] == b[at]) ++at;
   if (!named) {
+    const size_t character = CharacterCount(a.substr(0, at)) + 1;
     message += ours.size() > 1 || theirs.size() > 1
-                   ? fmt::format("\nfirst on line {}, at character {}:", line + 1, at + 1)
-                   : fmt::format("\nfirst at character {}:", at + 1);
+                   ? fmt::format("\nfirst on line {}, at character {}:", line + 1, character)
+                   : fmt::format("\nfirst at character {}:", character);
   }
   const std::string label_0 = "  rank 0: ";
   const std::string label_r = fmt::format("  rank {}: ", first);
@@ -158,7 +187,8 @@ std::string DescribeDifference(std::string_view what, const std::vector<std::str
   const std::string excerpt_b = Excerpt(b, at).first;
   message += fmt::format("\n{:<{}}{}", label_0, label_width, excerpt_a);
   message += fmt::format("\n{:<{}}{}", label_r, label_width, excerpt_b);
-  message += "\n" + std::string(label_width + column, ' ') + "^";
+  // Under the difference: as many columns as a terminal gives what comes before it.
+  message += "\n" + std::string(label_width + DisplayWidth(excerpt_a.substr(0, column)), ' ') + "^";
   return message;
 }
 

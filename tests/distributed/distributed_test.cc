@@ -220,6 +220,39 @@ TEST(AgreeOnValue, ALongLineIsCutAroundItsFirstDifference) {
   EXPECT_NE(ours.find(lines[2].substr(13, caret - 13)), std::string::npos);
 }
 
+// Characters, not bytes: the count and the caret of a difference after multi-byte characters
+// (two columns for each wide one, as a terminal shows it).
+TEST(AgreeOnValue, CountsCharactersAndPlacesTheCaretUnderWideOnes) {
+  const std::string ours = "\u6743\u91cd\u6743\u91cd.a";  // four CJK characters, then ".a"
+  const std::string theirs = "\u6743\u91cd\u6743\u91cd.b";
+  FakeGroup group({ours, theirs});
+  const Status differs = distributed::AgreeOnValue(group, ours, "the names");
+  const std::vector<std::string> lines = MessageLines(differs);
+  ASSERT_EQ(lines.size(), 5u) << differs;
+  EXPECT_EQ(lines[1], "first at character 6:");
+  // "  rank 0: " is 10 columns, the four wide characters 8 and the "." one.
+  EXPECT_EQ(lines[4], std::string(19, ' ') + "^");
+}
+
+// An agreement carries each rank's step: ranks at different steps are told so, the same error on
+// every rank, instead of agreeing on the other step's outcome.
+TEST(AgreeOnStatus, RanksAtDifferentStepsAreToldSo) {
+  auto entry = [](std::string_view step, const std::string& status) {
+    return fmt::format("{}:{}{}", step.size(), step, status);
+  };
+  FakeGroup same({entry("loop", "0\n"), entry("loop", "0\n")});
+  EXPECT_TRUE(distributed::AgreeOnStatus(same, OkStatus(), "loop").ok());
+  FakeGroup apart({entry("loop", "0\n"), entry("after", "0\n")});
+  const Status differs = distributed::AgreeOnStatus(apart, OkStatus(), "loop");
+  EXPECT_EQ(differs.code(), absl::StatusCode::kFailedPrecondition) << differs;
+  EXPECT_NE(differs.message().find("rank 0 at 'loop', rank 1 at 'after'"), std::string::npos)
+      << differs;
+  FakeGroup one_other({entry("s", "0\n"), entry("s", "5\nmissing"), entry("s", "5\ngone")});
+  const Status failed = distributed::AgreeOnStatus(one_other, OkStatus(), "s");
+  EXPECT_EQ(failed.code(), absl::StatusCode::kNotFound) << failed;
+  EXPECT_NE(failed.message().find("(rank 2 failed too)"), std::string::npos) << failed;
+}
+
 TEST(AgreeOnValue, ValuesOfDifferentLengthAndManyRanks) {
   std::vector<std::string> values(20, "x: 1");
   for (int rank = 3; rank < 20; rank += 1) values[static_cast<size_t>(rank)] = "x: 1\ny: 2";
