@@ -68,8 +68,8 @@ def _note_uncaught_exceptions() -> None:
 def shutdown() -> None:
     """Leaves the job: finalizes MPI if ferry initialised it, no process of the job is known to
     have failed or ended, and this one is not ending on an uncaught exception (finalizing would
-    then wait for the others, which wait for it); never for longer than
-    FERRY_DISTRIBUTED_TIMEOUT_S. Called at exit; safe to call more than once. Collective calls
+    then wait for the others, which wait for it), waiting for the others' finalize only while
+    every one of them is there. Called at exit; safe to call more than once. Collective calls
     afterwards raise FailedPreconditionError."""
     global _initialized, _shut_down
     if _initialized:
@@ -99,6 +99,8 @@ def agreed(step: str) -> Iterator[None]:
     code, message = None, ""
     try:
         yield
+    except GeneratorExit:
+        raise  # the generator holding the block was closed: nothing ran to agree on
     except BaseException as error:  # noqa: BLE001: any failure must reach the other processes
         if _ferry.process_count() == 1:
             raise  # nobody to tell: the error as it is

@@ -322,7 +322,8 @@ def _handed_to_jax(host_arrays: list[Any], view_dtypes: list[str], plans: list[A
         count = len(devices)
         arrays[name] = jax.make_array_from_single_device_arrays(
             shape, tensor_sharding, placed[position:position + count])
-        if cast_to is not None:
-            arrays[name] = arrays[name].astype(_NUMPY_DTYPES[cast_to])
+        if cast_to is not None:  # a computation: its result is put back where the sharding says
+            arrays[name] = jax.device_put(arrays[name].astype(_NUMPY_DTYPES[cast_to]),
+                                          tensor_sharding)
         position += count
     return arrays

@@ -1,5 +1,6 @@
 #include "src/core/serial_executor.h"
 
+#include <system_error>
 #include <utility>
 
 #include "ferry/core/runtime_thread.h"
@@ -20,9 +21,17 @@ SerialExecutor::~SerialExecutor() {
 void SerialExecutor::Execute(absl::AnyInvocable<void() &&> task) {
   {
     MutexLock lock(mutex_);
-    if (!stopping_) {
+    bool running = thread_.joinable();
+    if (!stopping_ && !running) {
+      try {
+        thread_ = std::thread([this] { Loop(); });
+        running = true;
+      } catch (const std::system_error&) {
+        // No thread to be had (a thread or memory limit): this task runs here, as after Stop.
+      }
+    }
+    if (!stopping_ && running) {
       tasks_.push_back(std::move(task));
-      if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
       task_given_.notify_one();
       return;
     }

@@ -8,9 +8,10 @@
 //
 // Ownership and threading: Execute may be called from any thread, tasks included. The thread
 // starts with the first task. The destructor runs the tasks already given, then joins the thread;
-// a task given after the destructor has begun runs on the calling thread (a continuation is never
-// lost). Not for use in a forked child of a process whose executor had started (the child has no
-// thread): as with every ferry worker, fork before the first transfer.
+// a task given after the destructor has begun, or while no thread can be started (a thread or
+// memory limit), runs on the calling thread (a continuation is never lost). Not for use in a forked
+// child of a process whose executor had started (the child has no thread): as with every ferry
+// worker, fork before the first transfer.
 #pragma once
 
 #include <condition_variable>

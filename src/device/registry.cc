@@ -105,7 +105,14 @@ StatusOr<std::unique_ptr<Client>> CreateClient(std::string_view backend,
   // Every setting, not only this backend's: a bad value anywhere is reported by the first client.
   FERRY_RETURN_IF_ERROR(CheckSettings());
   FERRY_RETURN_IF_ERROR(CheckClientOptions(backend, options));
-  return factory(options);
+  try {
+    return factory(options);
+  } catch (const std::system_error& error) {
+    // A thread the client needs could not start (a thread or memory limit): the one error of a
+    // client that cannot be made, not an exception out of a Status API.
+    return absl::ResourceExhaustedError(
+        fmt::format("the {} client could not start its threads: {}", backend, error.what()));
+  }
 }
 
 std::string DeviceCountHint(std::string_view backend) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <system_error>
 #include <utility>
 
 #include "ferry/core/copy_convert.h"
@@ -79,8 +80,16 @@ Status StagingRing::Submit(Job job) {
   {
     MutexLock lock(jobs_mutex_);
     if (stopping_) return FailedPreconditionError(fmt::format("{} has shut down", owner_));
+    if (!worker_.joinable()) {
+      // Started before the job is queued: a worker that cannot start leaves nothing queued.
+      try {
+        worker_ = std::thread([this] { WorkerLoop(); });
+      } catch (const std::system_error& error) {
+        return ResourceExhaustedError(
+            fmt::format("{} could not start its staging thread: {}", owner_, error.what()));
+      }
+    }
     jobs_.push_back(std::move(job));
-    if (!worker_.joinable()) worker_ = std::thread([this] { WorkerLoop(); });
   }
   job_available_.notify_one();
   return OkStatus();

@@ -1,6 +1,7 @@
 #include "src/device/transfer_engine.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include "ferry/core/runtime_thread.h"
 
@@ -10,7 +11,14 @@ TransferEngine::TransferEngine(int num_workers, int64_t chunk_bytes)
     : chunk_bytes_(std::max<int64_t>(chunk_bytes, 4096)) {
   workers_.reserve(std::max(num_workers, 1));
   for (int i = 0; i < std::max(num_workers, 1); ++i) {
-    workers_.emplace_back([this] { WorkerLoop(); });
+    try {
+      workers_.emplace_back([this] { WorkerLoop(); });
+    } catch (const std::system_error&) {
+      // No more threads to be had (a thread or memory limit): the engine runs on those that
+      // started; with none, the caller gets the error (nothing is left running).
+      if (workers_.empty()) throw;
+      break;
+    }
   }
 }
 

@@ -305,9 +305,11 @@ class MpiProcessGroup final : public ProcessGroup {
     if (finalized_) return;
     finalized_ = true;
     if (!broken_.ok() || !initialized_here_) return;
-    // MPI_Finalize waits for every other process to finalize too: not when one is known to be
-    // gone (it never will), and never longer than FERRY_DISTRIBUTED_TIMEOUT_S (on a thread of its
-    // own, as start-up): past that the process ends without it, instead of hanging at exit.
+    // MPI_Finalize waits for every other process to finalize too: for as long as they are all
+    // there (a rank still working after the last collective finalizes later, and the others wait
+    // for it, as MPI means them to), but not once one is known to be gone, which never will: it
+    // runs on a thread of its own, and the wait gives up when a peer has ended (the same checks
+    // as a collective's: its pid, mpiexec's SIGUSR1), instead of hanging at exit.
     if (!CheckPeers("shutdown", /*check_pids=*/true).ok()) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -326,9 +328,13 @@ class MpiProcessGroup final : public ProcessGroup {
       finishing->cv.notify_all();
     }).detach();
     std::unique_lock<std::mutex> wait_lock(finishing->mutex);
-    finishing->cv.wait_for(
-        wait_lock, std::chrono::duration<double>(std::min(CollectiveTimeoutSeconds(), 3.6e6)),
-        [&] { return finishing->done; });
+    while (!finishing->cv.wait_for(wait_lock, std::chrono::milliseconds(100),
+                                   [&] { return finishing->done; })) {
+      wait_lock.unlock();
+      const bool peers_there = CheckPeers("shutdown", /*check_pids=*/true).ok();
+      wait_lock.lock();
+      if (!peers_there) return;
+    }
   }
 
  private:

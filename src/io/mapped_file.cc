@@ -138,12 +138,30 @@ struct MappedFileSignals {
     errno = saved_errno;
   }
 
+  // Whether the file of a live mapping is now shorter than its mapping (async-signal-safe: atomic
+  // loads and fstat).
+  static bool AnyMappedFileCut() {
+    Slot* slots = Slots();
+    const int used = slots_used.load(std::memory_order_acquire);
+    for (int i = 0; i < used; ++i) {
+      if (slots[i].state.load(std::memory_order_acquire) != 2) continue;
+      const MappedFile* file = slots[i].file.load(std::memory_order_relaxed);
+      struct stat now {};
+      if (file->fd_ >= 0 && ::fstat(file->fd_, &now) == 0 && now.st_size < file->size_) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   static void Handler(int signal_number, siginfo_t* info, void* context) {
-    // Raised by this process itself, not by a fault: a handler installed after this one that
-    // re-raises the signal after restoring this one (Python's faulthandler). The faulting load, if
-    // there was one, runs again on return and faults for real, with an address to look at; taking
-    // the default action here would kill the process over a fault this handler recovers.
-    if (info->si_code <= 0 && info->si_pid == ::getpid()) return;
+    // Raised by this process itself, not by a fault, while a mapped file has been cut: a handler
+    // installed after this one re-raising the fault's signal after restoring this one (Python's
+    // faulthandler). The faulting load runs again on return and faults for real, with an address
+    // to look at; taking the default action here would kill the process over a fault this
+    // handler recovers. With no file cut, a raise of SIGBUS is left to what it would do without
+    // ferry.
+    if (info->si_code <= 0 && info->si_pid == ::getpid() && AnyMappedFileCut()) return;
     const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
     Slot* slots = Slots();
     const int used = slots_used.load(std::memory_order_acquire);
@@ -180,6 +198,9 @@ struct MappedFileSignals {
       previous.sa_handler(signal_number);
     } else {
       ::signal(SIGBUS, SIG_DFL);  // the faulting instruction runs again and gets the default
+      // A signal that was sent (kill, raise) does not come again by itself: sent again, it gets
+      // the default action as it would have without this handler.
+      if (info->si_code <= 0) ::raise(SIGBUS);
     }
   }
 

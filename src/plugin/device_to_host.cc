@@ -75,36 +75,45 @@ PJRT_Event* ReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
   return ready.event;
 }
 
-// Whether `buffer` is complete, its memory there and not failed.
-bool BufferCompleteWithoutError(const PJRT_Api& api, PJRT_Buffer* buffer) {
-  PJRT_Event* ready = ReadyEvent(api, buffer);
-  if (ready == nullptr) return false;
-  const bool complete = CompleteWithoutError(api, ready);
-  pjrt::DestroyEvent(api, ready);
-  return complete;
-}
+// Where a buffer stands: complete (its memory there), failed, or not complete yet (an Execute's
+// output being computed, a pending buffer not fulfilled yet, whose memory may not exist).
+enum class Completion { kComplete, kFailed, kPending };
 
-// A future that completes when the plugin completes `buffer` (with or without an error), for a
-// buffer not complete yet; nullopt for one that is (or whose readiness cannot be asked).
-std::optional<Future<>> UntilComplete(const PJRT_Api& api, PJRT_Buffer* buffer) {
+// `buffer`'s completion, asked once (one ready event); for a pending buffer with `until` given,
+// a future there that completes when the plugin completes the buffer (with or without an error).
+// A buffer whose readiness cannot be asked counts as failed (the plugin reads it).
+Completion CompletionOf(const PJRT_Api& api, PJRT_Buffer* buffer, std::optional<Future<>>* until) {
   PJRT_Event* ready = ReadyEvent(api, buffer);
-  if (ready == nullptr) return std::nullopt;
+  if (ready == nullptr) return Completion::kFailed;
   auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
   is_ready.event = ready;
-  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || is_ready.is_ready) {
+  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok()) {
     pjrt::DestroyEvent(api, ready);
-    return std::nullopt;
+    return Completion::kFailed;
+  }
+  if (is_ready.is_ready) {
+    const bool ok = CompleteWithoutError(api, ready);
+    pjrt::DestroyEvent(api, ready);
+    return ok ? Completion::kComplete : Completion::kFailed;
+  }
+  if (until == nullptr) {
+    pjrt::DestroyEvent(api, ready);
+    return Completion::kPending;
   }
   Promise<> complete;
   pjrt::OnEventReady(
       api, ready, [complete](Status status) { complete.Set(std::move(status)); },
       "the buffer to read");
-  return complete.future();
+  *until = complete.future();
+  return Completion::kPending;
 }
 
 // The buffer's memory when ferry may read it itself, with an external reference held on it (the
-// caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read.
-std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffer) {
+// caller releases it with ReleaseHold); nullopt (and no reference) when the plugin should read,
+// or, with `until_complete` given, when the buffer is one ferry could read but is not complete
+// yet: that future is then set, completing when the plugin completes the buffer.
+std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffer,
+                                       std::optional<Future<>>* until_complete = nullptr) {
   const pjrt::PjrtLibrary& library = plugin.library();
   if (!FERRY_PJRT_HAS(library, PJRT_Buffer_IsOnCpu) ||
       !FERRY_PJRT_HAS(library, PJRT_Buffer_GetMemoryLayout) ||
@@ -133,7 +142,7 @@ std::optional<ReadableBuffer> Readable(WrappedPlugin& plugin, PJRT_Buffer* buffe
   // Only a complete buffer's memory is taken: for a buffer whose memory is not there yet (a
   // pending buffer the caller fulfils later) the CPU plugin's IncreaseExternalReferenceCount waits
   // until it is, and for one whose memory failed it aborts the process.
-  if (!BufferCompleteWithoutError(api, buffer)) return std::nullopt;
+  if (CompletionOf(api, buffer, until_complete) != Completion::kComplete) return std::nullopt;
   // The external reference keeps the memory where it is, and alive, while ferry reads it (as it
   // does for DLPack or numpy), whatever another thread does to the buffer meanwhile; it lives in
   // the caller's handle, whose PJRT_Buffer_Destroy ferry defers until the read is over (BeginUse).
@@ -342,14 +351,17 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     // the fulfilment itself; ferry does not touch a buffer that has no memory yet.
     return ByPlugin(api, args);
   }
-  if (std::optional<Future<>> complete = UntilComplete(api, args->src); complete.has_value()) {
-    if (std::optional<PJRT_Error*> deferred = ReadOnceComplete(**plugin, *complete, args)) {
-      return *deferred;
+  std::optional<Future<>> until_complete;
+  std::optional<ReadableBuffer> source = Readable(**plugin, args->src, &until_complete);
+  if (!source.has_value()) {
+    // One ferry would read once the plugin completes it: read then, and return at once now.
+    if (until_complete.has_value()) {
+      if (std::optional<PJRT_Error*> deferred = ReadOnceComplete(**plugin, *until_complete, args)) {
+        return *deferred;
+      }
     }
     return ByPlugin(api, args);
   }
-  std::optional<ReadableBuffer> source = Readable(**plugin, args->src);
-  if (!source.has_value()) return ByPlugin(api, args);
   // A host layout asked for is honoured here only when it is the buffer's own (row-major,
   // untiled: what torch_xla always passes); any other is the plugin's to lay out.
   if (args->host_layout != nullptr &&

@@ -144,8 +144,10 @@ StatusOr<WrappedPlugin*> WrappedPlugin::Make() {
     std::memcpy(&wrapped_entry,
                 reinterpret_cast<const std::byte*>(&wrapped) + kErrorForEachPayloadOffset,
                 sizeof(wrapped_entry));
-    SetWrappedForEachPayload(wrapped_entry);
-    Replace(table, kErrorForEachPayloadOffset, &ErrorForEachPayload);
+    if (wrapped_entry != nullptr) {  // an entry the plugin left empty stays empty
+      SetWrappedForEachPayload(wrapped_entry);
+      Replace(table, kErrorForEachPayloadOffset, &ErrorForEachPayload);
+    }
   }
   plugin->table_ = table;
   plugin->workers_.store(new ProcessWorkers(internal::ForkGeneration(), NumCopyWorkers()),

@@ -754,9 +754,9 @@ Array PutOne(nb::object object, Device* device, const std::string& semantics_nam
 // file order. `device_dtype` applies to the tensors of its kind (RequestAppliesTo), to every
 // tensor with `device_dtype_all`. Runs without the GIL; Ctrl-C is seen between windows.
 std::vector<std::pair<nb::str, Array>> LoadFileOnto(
-    const nb::bytes& path_bytes, std::vector<std::string> names, std::vector<std::string> patterns,
-    std::vector<std::string> exclude, Device* device, std::optional<std::string> device_dtype,
-    bool device_dtype_all) {
+    const nb::bytes& path_bytes, const std::vector<nb::bytes>& names,
+    const std::vector<nb::bytes>& patterns, const std::vector<nb::bytes>& exclude, Device* device,
+    std::optional<std::string> device_dtype, bool device_dtype_all) {
   ApiScope api;
   const std::string path = PathFromBytes(path_bytes);
   CheckDeviceUsable(device);
@@ -775,8 +775,8 @@ std::vector<std::pair<nb::str, Array>> LoadFileOnto(
     interrupted = true;
     return CancelledError("load_file was interrupted");
   };
-  const TensorFile file =
-      OpenSelectedTensors(path, std::move(names), std::move(patterns), std::move(exclude));
+  const TensorFile file = OpenSelectedTensors(
+      path, StringsFromBytes(names), StringsFromBytes(patterns), StringsFromBytes(exclude));
   std::vector<FileLoadTensor> tensors;
   tensors.reserve(file.tensors().size());
   for (const TensorFileEntry& entry : file.tensors()) {

@@ -1,12 +1,13 @@
 #include "src/python/numpy_arrays.h"
 
-#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <type_traits>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "fmt/format.h"
 #include "src/python/status_error.h"
 
@@ -127,48 +128,63 @@ constexpr uint64_t kFlagIsCopied = uint64_t{1} << 1;
 }  // namespace dl
 
 // What a capsule owns: the struct handed out, its shape and strides, and the memory's owner.
-// Two holds keep the struct: the capsule's (dropped when the capsule object dies, whatever its
-// name then) and the deleter's (dropped by the first deleter call, which lets go of the memory's
-// owner). So the struct outlives both, and the owner is let go of once, even for a consumer that
-// calls the deleter and leaves the capsule unconsumed (torch_xla's from_dlpack, when it fails
-// after taking the tensor: the capsule's destructor then called the deleter a second time, a
-// double free).
 template <typename Managed>
 struct ExportedTensor {
   Managed managed{};
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;
   std::shared_ptr<const void> owner;
-  std::atomic<bool> released{false};
-  std::atomic<int> holds{2};
+  uint64_t id = 0;  // in LiveExports until freed; also the capsule's context
 };
 
-template <typename Managed>
-void DropHold(ExportedTensor<Managed>* exported) {
-  if (exported->holds.fetch_sub(1, std::memory_order_acq_rel) == 1) delete exported;
+// The ids of the exported tensors not freed yet. Whoever takes an id out of the set frees its
+// tensor (the deleter, or the destructor of a capsule nobody consumed), so a tensor is freed
+// once even when a consumer calls the deleter and leaves the capsule unconsumed (torch_xla's
+// from_dlpack, failing after it took the tensor: the capsule's destructor then called the
+// deleter a second time, a double free). Ids are never reused, so a capsule's id cannot name a
+// later tensor at the same address; the capsule keeps its id in its context, readable after the
+// tensor is gone.
+struct LiveExports {
+  std::mutex mutex;
+  absl::flat_hash_set<uint64_t> ids;
+  uint64_t next_id = 1;
+};
+LiveExports& Live() {
+  static auto* live = new LiveExports();  // never destroyed: deleters may run during exit
+  return *live;
+}
+uint64_t AddLiveExport() {
+  LiveExports& live = Live();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  live.ids.insert(live.next_id);
+  return live.next_id++;
+}
+// True for the one caller that takes `id` out (and must free its tensor).
+bool TakeLiveExport(uint64_t id) {
+  LiveExports& live = Live();
+  std::lock_guard<std::mutex> lock(live.mutex);
+  return live.ids.erase(id) == 1;
 }
 
-// DLPack's deleter: any thread, once per consumer (a second call is a no-op).
+// DLPack's deleter: any thread.
 template <typename Managed>
 void DeleteExported(Managed* managed) {
   auto* exported = static_cast<ExportedTensor<Managed>*>(managed->manager_ctx);
-  if (exported->released.exchange(true, std::memory_order_acq_rel)) return;
-  exported->owner.reset();
-  DropHold(exported);
+  if (TakeLiveExport(exported->id)) delete exported;
 }
 
-// A capsule that nobody consumed still owns its tensor and releases it here (a consumer renames
-// the capsule to "used_..." and calls the deleter itself); either way the capsule's hold goes.
+// A capsule that nobody consumed still owns its tensor and frees it here, unless a consumer
+// called the deleter already (a consumer renames the capsule to "used_..." and calls the deleter
+// itself; some also clear this destructor).
 template <typename Managed>
 void CapsuleDestructor(PyObject* capsule, const char* name) {
-  const char* current = PyCapsule_GetName(capsule);
-  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, current));
-  if (managed == nullptr) {
-    PyErr_Clear();
-    return;
+  if (!PyCapsule_IsValid(capsule, name)) return;
+  const auto id = reinterpret_cast<uintptr_t>(PyCapsule_GetContext(capsule));
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
+  if (managed != nullptr && TakeLiveExport(id)) {
+    delete static_cast<ExportedTensor<Managed>*>(managed->manager_ctx);
   }
-  if (current != nullptr && std::strcmp(current, name) == 0) DeleteExported(managed);
-  DropHold(static_cast<ExportedTensor<Managed>*>(managed->manager_ctx));
+  PyErr_Clear();
 }
 
 template <typename Managed>
@@ -204,6 +220,13 @@ nb::object MakeCapsule(const HostView& view, std::shared_ptr<const void> owner, 
   }
   PyObject* capsule = PyCapsule_New(&managed, name, destructor);
   if (capsule == nullptr) throw nb::python_error();
+  exported->id = AddLiveExport();
+  if (PyCapsule_SetContext(capsule,
+                           reinterpret_cast<void*>(static_cast<uintptr_t>(exported->id))) != 0) {
+    TakeLiveExport(exported->id);
+    Py_DECREF(capsule);  // its destructor finds no live id: frees nothing
+    throw nb::python_error();
+  }
   exported.release();  // owned by the capsule (or, once consumed, by the consumer) from here
   return nb::steal(capsule);
 }

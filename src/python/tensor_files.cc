@@ -34,11 +34,12 @@ namespace {
 // tensor of the file that `names`, `patterns` and `exclude` select (TensorSelector; all when they
 // are empty) as a read-only numpy view of its source; the others are never read. Opening
 // (mapping, parsing, and decoding compressed or big-endian tensors) runs without the GIL.
-nb::tuple LoadFile(const nb::bytes& path, std::vector<std::string> names,
-                   std::vector<std::string> patterns, std::vector<std::string> exclude) {
+nb::tuple LoadFile(const nb::bytes& path, const std::vector<nb::bytes>& names,
+                   const std::vector<nb::bytes>& patterns, const std::vector<nb::bytes>& exclude) {
   ApiScope api;
-  const TensorFile file = OpenSelectedTensors(PathFromBytes(path), std::move(names),
-                                              std::move(patterns), std::move(exclude));
+  const TensorFile file =
+      OpenSelectedTensors(PathFromBytes(path), StringsFromBytes(names), StringsFromBytes(patterns),
+                          StringsFromBytes(exclude));
   nb::list entries;
   for (const TensorFileEntry& entry : file.tensors()) {
     const std::string dtype_name(DTypeName(entry.source->view().dtype));
@@ -51,6 +52,13 @@ nb::tuple LoadFile(const nb::bytes& path, std::vector<std::string> names,
 }  // namespace
 
 std::string PathFromBytes(const nb::bytes& path) { return std::string(path.c_str(), path.size()); }
+
+std::vector<std::string> StringsFromBytes(const std::vector<nb::bytes>& values) {
+  std::vector<std::string> strings;
+  strings.reserve(values.size());
+  for (const nb::bytes& value : values) strings.push_back(PathFromBytes(value));
+  return strings;
+}
 
 nb::str TensorNameToPython(std::string_view name) {
   PyObject* text =

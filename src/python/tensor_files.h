@@ -21,6 +21,10 @@ std::string PathFromBytes(const nanobind::bytes& path);
 // stays the name it is, as os.fsdecode keeps a path, instead of raising UnicodeDecodeError.
 nanobind::str TensorNameToPython(std::string_view name);
 
+// Tensor names or patterns from Python as bytes: str encoded with "surrogateescape", so that a
+// name load_file gave back (a .npy stem that is not UTF-8) selects that tensor again.
+std::vector<std::string> StringsFromBytes(const std::vector<nanobind::bytes>& values);
+
 // Opens `path` with the tensors `names`, `patterns` and `exclude` select (TensorSelector; all
 // when they are empty), without the GIL; raises the ferry error (a message that is not UTF-8
 // escaped) on failure, or NotFound for a name or pattern that matched nothing.

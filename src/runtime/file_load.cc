@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -42,11 +43,16 @@ class FileLoad {
     FaultIn(0, end);
     while (begin < count) {
       const size_t next_end = WindowEnd(end);
-      std::thread next_window([this, end, next_end] { FaultIn(end, next_end); });
+      std::thread next_window;
+      try {
+        next_window = std::thread([this, end, next_end] { FaultIn(end, next_end); });
+      } catch (const std::system_error&) {
+        // No thread to be had: the next window's pages fault in as it is read.
+      }
       Status loaded = ReadInPlace(begin, end);
       if (loaded.ok()) loaded = StartPuts(begin, end);
       if (loaded.ok()) loaded = AwaitWindow(begin, end);
-      next_window.join();
+      if (next_window.joinable()) next_window.join();
       FERRY_RETURN_IF_ERROR(loaded);
       ReleasePages(begin, end);
       if (options_.after_window) FERRY_RETURN_IF_ERROR(options_.after_window());

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -71,7 +72,13 @@ Status ReadPieces(absl::Span<const InPlaceTensor> tensors, absl::Span<const Read
   const int helper_count =
       std::clamp<int>(num_threads, 1, static_cast<int>(std::max<size_t>(pieces.size(), 1))) - 1;
   helpers.reserve(helper_count);
-  for (int t = 0; t < helper_count; ++t) helpers.emplace_back(work);
+  for (int t = 0; t < helper_count; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the reads run on those that started, and this one
+    }
+  }
   work();
   for (std::thread& helper : helpers) helper.join();
   MutexLock lock(error_mutex);

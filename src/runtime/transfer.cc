@@ -319,8 +319,13 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
     const Data& handle = *data[i];
     const DType host_dtype =
         options.in_device_dtype ? handle.device_dtype() : handle.logical_dtype();
-    FERRY_ASSIGN_OR_RETURN(HostTensor allocated, HostTensor::Allocate(host_dtype, handle.dims()));
-    HostTensor& tensor = pending.Hold(std::move(allocated));
+    StatusOr<HostTensor> allocated = HostTensor::Allocate(host_dtype, handle.dims());
+    if (!allocated.ok()) {
+      return Status(allocated.status().code(),
+                    fmt::format("reading tensor '{}' from {}: {}", handle.name(),
+                                handle.device_name(), std::string(allocated.status().message())));
+    }
+    HostTensor& tensor = pending.Hold(*std::move(allocated));
     if (host_dtype != handle.device_dtype()) metrics::ConvertedTransfers()->Add();
     pending.Add(handle.ToHost(tensor.mutable_view()));
   }

@@ -67,7 +67,7 @@ def test_sigint_interrupts_a_large_copy_put_and_the_transfer_finishes_cleanly():
     assert result.returncode == 0, result.stderr[-2000:]
     # Without the interruptible wait the put runs to its end (about a second here) and the
     # interrupt is raised only after it returned.
-    assert "interrupted" in result.stdout, result.stdout
+    assert "interrupted" in result.stdout.splitlines(), result.stdout
     assert "still transferring when interrupted: True" in result.stdout, result.stdout
     assert "bytes in use after the interrupted put: 0" in result.stdout, result.stdout
     assert "done" in result.stdout
@@ -102,7 +102,7 @@ def test_sigint_interrupts_a_large_sharded_copy_put(how):
     result = run_python(code, timeout=120, env={"FERRY_HOST_DEVICES": "2"})
     assert result.returncode == 0, result.stderr[-2000:]
     # Without the interruptible wait the put runs to its end and the interrupt comes after it.
-    assert "interrupted" in result.stdout, result.stdout
+    assert "interrupted" in result.stdout.splitlines(), result.stdout
     assert "still transferring when interrupted: True" in result.stdout, result.stdout
     assert "bytes in use after: 0" in result.stdout, result.stdout
 
@@ -129,6 +129,8 @@ def test_an_interrupted_device_get_into_out_leaves_out_alone_once_it_raised():
     """
     result = run_python(code, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "interrupted" in result.stdout, result.stdout   # a 1 GiB read outlasts 20 ms
+    if "not interrupted" in result.stdout.splitlines():
+        pytest.skip("the 1 GiB read ended within 20 ms, before the interrupt: nothing to tell")
+    assert "interrupted" in result.stdout.splitlines(), result.stdout
     assert "kept 1048576" in result.stdout, result.stdout
 

@@ -167,3 +167,20 @@ def test_faulthandler_enabled_after_the_file_was_opened_does_not_turn_a_cut_into
     assert result.returncode == 0, result.stderr[-2000:]
     assert "DataLossError" in result.stdout, result.stdout
 
+
+
+def test_a_sigbus_the_process_sends_itself_still_ends_it():
+    # Sent, not a fault, with no mapped file cut: what it does without ferry (death by SIGBUS), not
+    # swallowed by ferry's handler.
+    code = """
+    import os, signal
+    import numpy as np
+    import ferry, tempfile
+    path = os.path.join(tempfile.mkdtemp(), "t.safetensors")
+    ferry.save_file({"a": np.zeros(1000, np.float32)}, path)
+    f = ferry.open_file(path)
+    signal.raise_signal(signal.SIGBUS)
+    print("survived", flush=True)
+    """
+    result = run_python(code, timeout=60)
+    assert result.returncode == -signal.SIGBUS, (result.returncode, result.stdout, result.stderr)

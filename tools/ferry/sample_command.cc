@@ -46,7 +46,7 @@ int RunSample(const SampleOptions& options) {
       // numbers they would all be 0, all true, or not real weights at all.
       return ReportError(kCommand, InvalidArgumentError(fmt::format(
                                        "--dtype {} is not a floating-point dtype (float32, "
-                                       "float16, bfloat16, float64, float8_e4m3fn, float8_e5m2)",
+                                       "float16, bfloat16, float64)",
                                        options.dtype)));
     }
     float_dtype = *dtype;
