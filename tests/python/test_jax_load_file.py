@@ -249,6 +249,9 @@ def test_memory_kinds_complex_requests_and_replicated_jax_arrays_on_jaxs_cpu_dev
     out["single"] = ferry.jax.load_file(path, single)["b"].sharding.memory_kind
     complex_ = ferry.jax.load_file(path, dtype="complex64", dtype_all=True)["w"]
     out["complex"] = [str(complex_.dtype), bool(np.array_equal(np.asarray(complex_), w + 0j))]
+    pinned = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    out["complex_kind"] = ferry.jax.load_file(path, pinned, "complex64",
+                                              dtype_all=True)["w"].sharding.memory_kind
     line = jax.devices()[:2]
     replicated = jax.device_put(w, NamedSharding(Mesh(np.array(line), ("x",)), P()))
     out["replicated"] = bool(np.array_equal(ferry.device_get(ferry.device_put(replicated)), w))
@@ -269,5 +272,6 @@ def test_memory_kinds_complex_requests_and_replicated_jax_arrays_on_jaxs_cpu_dev
             assert out[f"{kind} {spec}"] == [kind, True], (kind, spec, out)
     assert out["single"] == "unpinned_host"
     assert out["complex"] == ["complex64", True]
+    assert out["complex_kind"] == "pinned_host"   # JAX's cast put back where the sharding says
     assert out["replicated"] is True
     assert "sharded over 2 devices" in out["split"] and "addressable_shards" in out["split"]
