@@ -21,6 +21,7 @@
 #include "src/core/tsan_hand_off.h"
 #include "src/device/pjrt/pjrt_library.h"
 #include "src/device/pjrt/pjrt_runtime.h"
+#include "src/plugin/plugin_errors.h"
 #include "tests/required_backends.h"
 
 namespace ferry {
@@ -144,16 +145,9 @@ void SetRaw(Enum& field, std::underlying_type_t<Enum> value) {
 }
 
 // PJRT_Error_ForEachPayload's slot in tables newer than this header (API 0.9x on) and its args,
-// as the newer header declares them.
-constexpr size_t kForEachPayloadOffset = 1096;
-struct ForEachPayloadArgs {
-  size_t struct_size;
-  PJRT_Extension_Base* extension_start;
-  PJRT_Error* error;
-  void (*visitor)(const char* key, size_t key_size, const char* value, size_t value_size,
-                  void* user_arg);
-  void* user_arg;
-};
+// as ferry's plugin declares them from the newer header.
+constexpr size_t kForEachPayloadOffset = plugin::kErrorForEachPayloadOffset;
+using ForEachPayloadArgs = plugin::ErrorForEachPayloadArgs;
 
 class FerryPjrtPluginTest : public ::testing::Test {
  protected:
