@@ -242,7 +242,10 @@ def empty(shape: int | Sequence[int], dtype: Any = "float32") -> np.ndarray:
     boundary: fill it, then `device_put(a, semantics="zero_copy")` lets the host device alias it
     rather than copy it (check `Array.is_alias`). numpy's own arrays are only 16-byte aligned, so
     a zero_copy put of one falls back to a copy whenever its address is not a multiple of 64."""
-    shape_tuple = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(n) for n in shape)
+    from ._sharding import _sizes
+
+    shape_tuple = tuple(_sizes([shape] if isinstance(shape, (int, np.integer)) and
+                               not isinstance(shape, bool) else shape, "empty shape"))
     if any(n < 0 for n in shape_tuple):
         # As numpy: a negative size is an error, never an empty or a reshaped array.
         raise ValueError(f"negative dimensions are not allowed: shape {shape_tuple}")

@@ -12,12 +12,22 @@ def _resolve_device(device: Device | str | None) -> Device | None:
         return device
     if isinstance(device, str):
         return _ferry.device(device)
-    raise InvalidArgumentError(f"device must be a ferry.Device, a name or None, not {device!r}")
+    raise InvalidArgumentError(
+        f"device must be a ferry.Device, a name, a ferry.Sharding (device_put) or None, not "
+        f"{device!r}")
+
+
+def _backend_name(backend: object, where: str) -> None:
+    if not isinstance(backend, str):
+        raise TypeError(f"{where} takes a backend name (\"host\", \"opencl\", \"pjrt\"), not "
+                        f"{type(backend).__name__} {backend!r}")
 
 
 def devices(backend: str | None = None) -> list[Device]:
     """This process's devices of `backend` ("host", "opencl", "pjrt"), or of every backend that can
     start here."""
+    if backend is not None:
+        _backend_name(backend, "devices()")
     return _ferry.devices(backend)
 
 
@@ -26,6 +36,7 @@ def global_devices(backend: str = "host") -> list[Device]:
     process's own, and the others' as descriptions (`is_addressable` False) that a Mesh may hold.
     Collective the first time for each backend: every process must call it (after
     `ferry.distributed.initialize()`). In one process: `devices(backend)`."""
+    _backend_name(backend, "global_devices()")
     return _ferry._global_devices(backend, _ferry.devices(backend))
 
 
@@ -49,4 +60,7 @@ Device.is_addressable = property(lambda self: _ferry._remote_backend(self) is No
 
 def device(name: str) -> Device:
     """The device called `name`, e.g. "host:0"."""
+    if not isinstance(name, str):
+        raise TypeError(f"device() takes a device name such as \"host:0\", not "
+                        f"{type(name).__name__} {name!r}")
     return _ferry.device(name)

@@ -53,6 +53,11 @@ class TensorFile(Mapping):
         """"safetensors", "npy" or "npz" (detected from the file's first bytes)."""
         return self._format
 
+    # Compared and hashed as an object (Mapping's __eq__ would compare arrays, which numpy cannot
+    # answer with one bool).
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
     @property
     def metadata(self) -> dict[str, str]:
         """safetensors' `__metadata__` (empty for numpy files)."""

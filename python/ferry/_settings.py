@@ -51,6 +51,9 @@ def set_setting(name: str, value: str | int | float | None) -> None:
     this process (by the first ``devices()``, ``device_put``...), changes nothing here: a
     ``RuntimeWarning`` says so.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"set_setting takes the setting's name (a str such as "
+                        f"'FERRY_HOST_DEVICES'), not {type(name).__name__} {name!r}")
     if value is None:
         _ferry.clear_setting(name)
     else:

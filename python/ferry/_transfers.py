@@ -4,6 +4,7 @@ device_get and reads into the caller's arrays, from_dlpack."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -13,7 +14,7 @@ from ._ferry import Array, Device, HostRead
 from ._errors import Error, FailedPreconditionError, InvalidArgumentError
 from ._dtypes import _dtype_name, _NUMPY_DTYPES
 from ._devices import _resolve_device
-from ._sharding import Sharding
+from ._sharding import Sharding, _sizes
 from ._inputs import _flatten, _leaf_device_dtypes, _prepare
 
 
@@ -149,6 +150,11 @@ def _with_sharding(array: Array, sharding: Sharding) -> Array:
     return array
 
 
+def _check_sharding(sharding: Any, where: str) -> None:
+    if not isinstance(sharding, Sharding):
+        raise TypeError(f"{where} needs a ferry.Sharding, not {type(sharding).__name__}")
+
+
 def make_array_from_shards(
     shape: Sequence[int],
     sharding: Sharding,
@@ -161,14 +167,19 @@ def make_array_from_shards(
     """A sharded Array from one host array per mesh device (in mesh order), each of exactly its
     shard's shape (see Sharding.shard_indices). Entries for other processes' devices are ignored
     (pass None); `dtype` names the array's dtype where this process holds no shard."""
+    _check_sharding(sharding, "make_array_from_shards")
+    shape = _sizes(shape, "make_array_from_shards shape")
     if dtype is not None:
         dtype = _dtype_name(dtype)
     if semantics not in _SEMANTICS:
         raise InvalidArgumentError(f"semantics must be one of {_SEMANTICS}, got {semantics!r}")
+    if isinstance(arrays, (str, bytes)) or not isinstance(arrays, Iterable):
+        raise TypeError(f"make_array_from_shards arrays must be a sequence of one host array per "
+                        f"mesh device, not {type(arrays).__name__}")
     prepared = [(None, None) if a is None else _prepare(a) for a in arrays]
     name = None if device_dtype is None else _dtype_name(device_dtype)
     array = _ferry.make_from_shards(
-        [int(n) for n in shape], sharding._sharding, [p[0] for p in prepared],
+        shape, sharding._sharding, [p[0] for p in prepared],
         [p[1] for p in prepared], name, semantics, dtype)
     return _with_sharding(array, sharding)
 
@@ -185,9 +196,13 @@ def make_array_from_callback(
     """A sharded Array whose shards come from `callback(index)` (a tuple of slices), called once
     per mesh device of this process, in mesh order (never for another process's devices): e.g. to
     load a checkpoint shard by shard."""
+    _check_sharding(sharding, "make_array_from_callback")
+    if not callable(callback):
+        raise TypeError(f"make_array_from_callback needs a callable, not {type(callback).__name__}")
     shards = [
         callback(index) if device.is_addressable else None
-        for device, index in zip(sharding.mesh.devices, sharding.shard_indices(shape))
+        for device, index in zip(sharding.mesh.devices,
+                                 sharding.shard_indices(_sizes(shape, "make_array_from_callback shape")))
     ]
     return make_array_from_shards(shape, sharding, shards, device_dtype=device_dtype,
                                   semantics=semantics, dtype=dtype)
@@ -233,6 +248,9 @@ def make_array_from_process_local_data(
     dim has globally versus here (it must divide evenly; pass it for uneven shapes), which the
     processes compare (InvalidArgumentError on every process when they differ); when every mesh
     device is this process's, to the local shape."""
+    _check_sharding(sharding, "make_array_from_process_local_data")
+    if global_shape is not None:
+        global_shape = _sizes(global_shape, "make_array_from_process_local_data global_shape")
     local = np.asarray(local_data)
     inferred = global_shape is None
     if inferred and all(d.is_addressable for d in sharding.mesh.devices):

@@ -246,7 +246,7 @@ def load_file(
             "devices)")
     if sharding is None:
         sharding = jax.sharding.SingleDeviceSharding(device or _default_jax_device())
-    requested = None if dtype is None else _dtype_name(np.dtype(dtype))
+    requested = None if dtype is None else _dtype_name(dtype)
 
     tensors, files = _open_files(paths, names, pattern, exclude)
 

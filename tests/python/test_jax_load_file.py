@@ -121,6 +121,7 @@ out["errors"] = {{
     "dict_gap": error(lambda: ferry.jax.load_file(a_path, {{"w": NamedSharding(mesh, P())}})),
     "both": error(lambda: ferry.jax.load_file(a_path, NamedSharding(mesh, P()), device=devices[0])),
     "no_file": error(lambda: ferry.jax.load_file(os.path.join(folder, "none.safetensors"))),
+    "bad_dtype": error(lambda: ferry.jax.load_file(a_path, dtype="bf16")),
     "fp8_to_bf16": error(lambda: ferry.jax.load_file(fp8_path, dtype="bfloat16", dtype_all=True)),
     "fp8_sharded": error(lambda: ferry.jax.load_file(fp8_path, NamedSharding(mesh, P("x")),
                                                      "bfloat16", dtype_all=True)),
@@ -181,6 +182,8 @@ def test_bad_input_is_a_clear_error(result):
     assert "no entry for tensor" in errors["dict_gap"]
     assert "not both" in errors["both"]
     assert errors["no_file"].startswith("NotFoundError")
+    # ferry's dtype names and error, as ferry.load_file's (was numpy's "data type not understood").
+    assert errors["bad_dtype"].startswith("InvalidArgumentError: unknown dtype 'bf16'"), errors
     # A tensor that cannot be stored as asked is named by its file and name, not its position in
     # the put ("item 1"); each shard of a sharded one by its shard.
     assert errors["fp8_to_bf16"].startswith("UnimplementedError"), errors["fp8_to_bf16"]

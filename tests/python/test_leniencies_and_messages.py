@@ -87,3 +87,49 @@ def test_every_setting_read_at_backend_start_is_known_to_set_setting():
         if row["scope"] == "client":
             assert name in ferry._settings._SETTINGS_READ_AT_BACKEND_START, name
     assert set(ferry._settings._SETTINGS_READ_AT_BACKEND_START) <= set(ferry.settings())
+
+
+def test_arguments_of_the_wrong_type_are_named_and_objects_compare_by_value(tmp_path):
+    # Each used to give nanobind's "incompatible function arguments" listing C++ signatures, an
+    # AttributeError from inside ferry, or a float truncated / a str split into digits silently.
+    import re
+    d0 = ferry.devices("host")[0]
+    mesh = ferry.Mesh([d0], (1,), ("a",))
+    x = np.arange(12.0).reshape(3, 4)
+    assert (d0 == None) is False and d0 != "host:0" and d0 in [None, d0]  # noqa: E711
+    assert [None, "host:0"].count(d0) == 0 and d0 == ferry.device("host:0")
+    wrong = [
+        (lambda: ferry.device(None), "device()"), (lambda: ferry.device(0), "device()"),
+        (lambda: ferry.devices(1), "devices()"), (lambda: ferry.global_devices(None), "global_devices()"),
+        (lambda: ferry.set_setting(None, "1"), "set_setting"),
+        (lambda: ferry.Mesh("host:0", (1,), ("a",)), "Mesh devices"),
+        (lambda: ferry.Mesh([d0], (1.9,), ("a",)), "Mesh shape"),
+        (lambda: ferry.Mesh([d0], "1", ("a",)), "Mesh shape"),
+        (lambda: ferry.Mesh([d0], (True,), ("a",)), "Mesh shape"),
+        (lambda: ferry.Mesh([d0], (1,), None), "Mesh axis_names"),
+        (lambda: ferry.empty((2.5, 3)), "empty shape"), (lambda: ferry.empty("34"), "empty shape"),
+        (lambda: ferry.make_array_from_shards((3, 4), None, [x]), "ferry.Sharding"),
+        (lambda: ferry.make_array_from_callback((3, 4), "s", lambda i: x), "ferry.Sharding"),
+        (lambda: ferry.make_array_from_shards((8.9,), ferry.Sharding(mesh, ()), [x]), "shape"),
+        (lambda: ferry.shard_along("m", 0), "ferry.Mesh"),
+        (lambda: ferry.shard_along(mesh, 0.5), "dim"),
+        (lambda: ferry.shard_along(mesh, True), "dim"),
+    ]
+    for call, what in wrong:
+        with pytest.raises(TypeError, match=re.escape(what)):
+            call()
+    assert ferry.Mesh([d0], (np.int64(1),), ("a",)).shape == (1,)  # numpy ints are ints
+    # Meshes and shardings compare (and hash) by value, as JAX's do; a Sharding is read-only.
+    again = ferry.Mesh([d0], (1,), ("a",))
+    assert mesh == again and hash(mesh) == hash(again)
+    first, second = ferry.Sharding(mesh, ("a",)), ferry.Sharding(again, ["a", None])
+    assert first == second and {first: 1}[second] == 1
+    assert ferry.Sharding(mesh, (None,)) != first
+    with pytest.raises(AttributeError):
+        first.spec = ("b",)
+    # Shards and open files compare as objects (their arrays cannot answer ==).
+    shard = ferry.device_put(x).local_shards()[0]
+    assert shard == shard and isinstance(hash(shard), int)
+    ferry.save_file({"x": x}, tmp_path / "x.safetensors")
+    opened = ferry.open_file(tmp_path / "x.safetensors")
+    assert opened == opened and opened != ferry.open_file(tmp_path / "x.safetensors")
