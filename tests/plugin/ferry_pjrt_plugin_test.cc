@@ -295,8 +295,8 @@ TEST_F(FerryPjrtPluginTest, error_for_each_payload_visits_nothing_for_ferrys_err
   refused.client = nullptr;
   std::vector<std::pair<PJRT_Client_BufferFromHostBuffer_Args, std::string>> errors = {
       {refused, "3: ferry_pjrt_plugin: "}};
-#if !defined(__SANITIZE_ADDRESS__)
-  // ASan's allocator aborts on a request this size instead of failing it.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // The sanitizers' allocators abort on a request this size instead of failing it.
   errors.push_back(
       {client.PutArgs(&zero, PJRT_Buffer_Type_F32, huge, &broadcast), "8: ferry_pjrt_plugin: "});
 #endif
@@ -718,6 +718,12 @@ TEST_F(FerryPjrtPluginTest, a_read_of_a_put_not_yet_written_returns_at_once) {
     destroy.buffer = put.buffer;
     EXPECT_EQ(Describe(ferry(), ferry().PJRT_Buffer_Destroy(&destroy)), "");
   }
+#if defined(__SANITIZE_THREAD__)
+  // Under ThreadSanitizer the instrumented call is slow enough for the workers' copy to end
+  // during it even where the put was still pending when it was called (seen in CI): the reads'
+  // data is checked above; whether the call returned first cannot be told there.
+  GTEST_SKIP() << "timing under ThreadSanitizer: the data was checked, the order is not told";
+#endif
   if (tries_pending_before == 0) {
     GTEST_SKIP() << "every put was written before its read was called (as under ThreadSanitizer, "
                     "whose instrumented call returns after the workers' copy): nothing to tell";
