@@ -57,16 +57,6 @@ Status CheckDestinationSize(size_t dst_size, int64_t size_bytes) {
       "ToHostBuffer: dst_size {} is smaller than the buffer's {} bytes", dst_size, size_bytes));
 }
 
-// Whether `event` has completed without error.
-bool CompleteWithoutError(const PJRT_Api& api, PJRT_Event* event) {
-  auto is_ready = FERRY_PJRT_ARGS(PJRT_Event_IsReady_Args);
-  is_ready.event = event;
-  if (!TakeError(api, api.PJRT_Event_IsReady(&is_ready)).ok() || !is_ready.is_ready) return false;
-  auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
-  error.event = event;
-  return TakeError(api, api.PJRT_Event_Error(&error)).ok();
-}
-
 // The plugin's ready event of `buffer` (the caller owns it); null where it cannot be had.
 PJRT_Event* ReadyEvent(const PJRT_Api& api, PJRT_Buffer* buffer) {
   auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
@@ -92,7 +82,9 @@ Completion CompletionOf(const PJRT_Api& api, PJRT_Buffer* buffer, std::optional<
     return Completion::kFailed;
   }
   if (is_ready.is_ready) {
-    const bool ok = CompleteWithoutError(api, ready);
+    auto error = FERRY_PJRT_ARGS(PJRT_Event_Error_Args);
+    error.event = ready;
+    const bool ok = TakeError(api, api.PJRT_Event_Error(&error)).ok();
     pjrt::DestroyEvent(api, ready);
     return ok ? Completion::kComplete : Completion::kFailed;
   }
@@ -170,12 +162,13 @@ PJRT_Error* ByPlugin(const PJRT_Api& api, PJRT_Buffer_ToHostBuffer_Args* args) {
   return api.PJRT_Buffer_ToHostBuffer(args);
 }
 
-// The copy of `plan` (`size_bytes`) once the buffer is ready (`ready` its status, and this on
-// the plugin's thread that completed it): inline when small, else on ferry's workers; then lets go
-// of the buffer's external reference and completes `copied`. Never waits.
-void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan plan,
-                   int64_t size_bytes, Promise<> copied, Status ready) {
-  if (ready.ok() && size_bytes > kInlineWriteBytes) {
+// The copy of `plan` (`size_bytes`) after the call that started it: inline when small, else on
+// ferry's workers; then lets go of the buffer's external reference and completes `copied`. Never
+// waits.
+void CopyAfterCall(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan plan,
+                   int64_t size_bytes, Promise<> copied) {
+  Status done;
+  if (size_bytes > kInlineWriteBytes) {
     StatusOr<Future<>> submitted =
         WriteThroughEngine(plugin->engine(), std::move(plan),
                            HostBufferSemantics::kImmutableUntilTransferCompletes, nullptr, nullptr);
@@ -186,24 +179,20 @@ void CopyOnceReady(WrappedPlugin* plugin, PJRT_Buffer* buffer, CopyConvertPlan p
       });
       return;
     }
-    ready = submitted.status();
-  } else if (ready.ok() && size_bytes > 0) {
+    done = submitted.status();
+  } else if (size_bytes > 0) {
     plan.CopyAll();
   }
   ReleaseHold(*plugin, buffer);
-  copied.Set(std::move(ready));
+  copied.Set(std::move(done));
 }
 
-// ferry's read of `source` (held by an external reference, which this takes over) into `dst`:
-// the copy's future, an error, or nullopt where the plugin should read after all. It never waits
-// for the buffer: a ready buffer is copied during the call; one still being computed or filled
-// (an Execute's output that torch_xla reads at once) is copied once the plugin completes it
-// (CopyOnceReady), and the call returns at once. `copy_in_call` false: a ready buffer is copied
-// after the call too (for a thread that must not wait for the workers).
-std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
-                                                PJRT_Buffer* buffer, void* dst, size_t dst_size,
-                                                bool copy_in_call) {
-  const PJRT_Api& api = plugin.wrapped();
+// ferry's read of `source` (complete, held by an external reference, which this takes over: see
+// Readable) into `dst`: the copy's future, or an error. `copy_in_call` true: copied during the
+// call; false: after it (for a thread that must not wait for the workers).
+StatusOr<Future<>> StartHeldRead(WrappedPlugin& plugin, const ReadableBuffer& source,
+                                 PJRT_Buffer* buffer, void* dst, size_t dst_size,
+                                 bool copy_in_call) {
   const HostView src = HostView::Dense(source.data, source.dtype, source.dims);
   const int64_t size_bytes = src.dense_size_bytes();
   if (Status fits = CheckDestinationSize(dst_size, size_bytes); !fits.ok()) {
@@ -216,18 +205,11 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
     ReleaseHold(plugin, buffer);
     return plan.status();
   }
-  auto ready = FERRY_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-  ready.buffer = buffer;
-  if (!TakeError(api, api.PJRT_Buffer_ReadyEvent(&ready)).ok()) {
-    ReleaseHold(plugin, buffer);
-    return std::nullopt;
-  }
   CountTransferPath(TransferPath::kReadByFerry);
-  if (copy_in_call && CompleteWithoutError(api, ready.event)) {
-    // A ready buffer (the usual read): copied during the call on every core, as the plugin
-    // would. Measured with torch_xla's `.cpu()`, a copy left to run after the call returns is
-    // slower here, its workers competing with the caller's own threads for the two cores.
-    pjrt::DestroyEvent(api, ready.event);
+  if (copy_in_call) {
+    // The usual read: copied during the call on every core, as the plugin would. Measured with
+    // torch_xla's `.cpu()`, a copy left to run after the call returns is slower here, its workers
+    // competing with the caller's own threads for the two cores.
     StatusOr<Future<>> copied =
         size_bytes == 0
             ? StatusOr<Future<>>(Future<>::Ready(OkStatus()))
@@ -236,16 +218,9 @@ std::optional<StatusOr<Future<>>> StartHeldRead(WrappedPlugin& plugin, const Rea
     ReleaseHold(plugin, buffer);
     return copied;
   }
-  // A buffer still being computed or filled: the read starts when the plugin completes it.
   Promise<> copied;
-  pjrt::OnEventReady(
-      api, ready.event,
-      [plugin = &plugin, buffer, plan = *std::move(plan), size_bytes,
-       copied](Status status) mutable {
-        CopyOnceReady(plugin, buffer, std::move(plan), size_bytes, copied, std::move(status));
-      },
-      "the buffer to read");
-  return StatusOr<Future<>>(copied.future());
+  CopyAfterCall(&plugin, buffer, *std::move(plan), size_bytes, copied);
+  return copied.future();
 }
 
 // The read of args->src into args->dst (`args` a copy of the caller's, without its pointers into
@@ -259,11 +234,9 @@ Future<> ReadNow(WrappedPlugin& plugin, PJRT_Buffer_ToHostBuffer_Args args,
   const PJRT_Api& api = plugin.wrapped();
   // ferry reads only row-major buffers (Readable), which is both layouts at once.
   if (std::optional<ReadableBuffer> source = Readable(plugin, args.src); source.has_value()) {
-    std::optional<StatusOr<Future<>>> started =
+    StatusOr<Future<>> started =
         StartHeldRead(plugin, *source, args.src, args.dst, args.dst_size, /*copy_in_call=*/false);
-    if (started.has_value()) {
-      return started->ok() ? **started : Future<>::Ready(started->status());
-    }
+    return started.ok() ? *std::move(started) : Future<>::Ready(started.status());
   }
   // The plugin's read: where the address now holds another buffer than ferry's pending one (it
   // was destroyed, and the plugin reused the address), its layout may not be row-major, and the
@@ -369,11 +342,10 @@ PJRT_Error* ToHostBuffer(PJRT_Buffer_ToHostBuffer_Args* args) {
     ReleaseHold(**plugin, args->src);
     return ByPlugin(api, args);
   }
-  std::optional<StatusOr<Future<>>> started =
+  StatusOr<Future<>> started =
       StartHeldRead(**plugin, *source, args->src, args->dst, args->dst_size, /*copy_in_call=*/true);
-  if (!started.has_value()) return ByPlugin(api, args);
-  if (!started->ok()) return MakeError(started->status());
-  args->event = MakeEvent(**std::move(started));
+  if (!started.ok()) return MakeError(started.status());
+  args->event = MakeEvent(*std::move(started));
   return nullptr;
 }
 
