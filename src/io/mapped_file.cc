@@ -179,10 +179,7 @@ struct MappedFileSignals {
       if (mapped == MAP_FAILED) break;
       const MappedFile* file = slot.file.load(std::memory_order_relaxed);
       const auto offset = static_cast<int64_t>(page - begin);
-      int64_t seen = file->vanished_from_.load(std::memory_order_relaxed);
-      while (offset < seen &&
-             !file->vanished_from_.compare_exchange_weak(seen, offset, std::memory_order_relaxed)) {
-      }
+      file->MarkVanishedFrom(offset);
       events.fetch_add(1, std::memory_order_relaxed);
       // Once per mapping, on stderr: a reader that is not ferry (numpy on an array of the file)
       // gets the zeros with no error of its own, so the process says what happened.
@@ -398,6 +395,13 @@ Status MappedFile::CheckIntact() const {
       display_name_, std::min(from, size_)));
 }
 
+void MappedFile::MarkVanishedFrom(int64_t offset) const {
+  int64_t seen = vanished_from_.load(std::memory_order_relaxed);
+  while (offset < seen &&
+         !vanished_from_.compare_exchange_weak(seen, offset, std::memory_order_relaxed)) {
+  }
+}
+
 Status MappedFile::CheckRangeIntact(int64_t offset, int64_t size) const {
   const int64_t from = vanished_from_.load(std::memory_order_relaxed);
   // Pages vanish from the new end of the file onwards: the range is hit when it ends past that.
@@ -410,10 +414,7 @@ Status MappedFile::CheckRangeIntact(int64_t offset, int64_t size) const {
     return OkStatus();
   }
   const auto new_size = static_cast<int64_t>(now.st_size);
-  int64_t seen = vanished_from_.load(std::memory_order_relaxed);
-  while (new_size < seen &&
-         !vanished_from_.compare_exchange_weak(seen, new_size, std::memory_order_relaxed)) {
-  }
+  MarkVanishedFrom(new_size);
   return absl::DataLossError(fmt::format(
       "file '{}' was truncated to {} bytes while it was mapped: the bytes [{}, {}) read from it "
       "reach past its new end, and what was read there is zeros, not the file's data (replace "

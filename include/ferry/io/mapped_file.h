@@ -143,8 +143,11 @@ class MappedFile {
   int fd_ = -1;  // the mapped file's descriptor (ReadAt); -1 for in-memory bytes
   std::string display_name_;
   int slot_ = -1;  // the fault handler's registry slot of this mapping, -1 when not registered
-  // Set by the SIGBUS handler: the smallest offset of the mapping whose page vanished (int64 max
-  // when none did).
+  // Lowers vanished_from_ to `offset` (lock-free: the SIGBUS handler calls it).
+  void MarkVanishedFrom(int64_t offset) const;
+
+  // Set by the SIGBUS handler (a vanished page's offset) and CheckRangeIntact (the file's new
+  // size): the smallest offset of the mapping from which reads got zeros (int64 max when none).
   mutable std::atomic<int64_t> vanished_from_{INT64_MAX};
   // Set by the SIGBUS handler once it has said on stderr that this mapping lost pages.
   mutable std::atomic<bool> vanish_reported_{false};
