@@ -306,6 +306,16 @@ StatusOr<std::vector<DataPtr>> TransferToDevice(
   return internal::StartTransfers(transfers, options.semantics);
 }
 
+namespace {
+
+// `status` (not OK) of a read of `handle`, naming the tensor and its device.
+Status ReadingError(const Data& handle, const Status& status) {
+  return Status(status.code(), fmt::format("reading tensor '{}' from {}: {}", handle.name(),
+                                           handle.device_name(), std::string(status.message())));
+}
+
+}  // namespace
+
 StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> data,
                                                      const TransferFromDeviceOptions& options) {
   ScopedTimer timer(metrics::TransferFromDeviceTime());
@@ -320,11 +330,7 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
     const DType host_dtype =
         options.in_device_dtype ? handle.device_dtype() : handle.logical_dtype();
     StatusOr<HostTensor> allocated = HostTensor::Allocate(host_dtype, handle.dims());
-    if (!allocated.ok()) {
-      return Status(allocated.status().code(),
-                    fmt::format("reading tensor '{}' from {}: {}", handle.name(),
-                                handle.device_name(), std::string(allocated.status().message())));
-    }
+    if (!allocated.ok()) return ReadingError(handle, allocated.status());
     HostTensor& tensor = pending.Hold(*std::move(allocated));
     if (host_dtype != handle.device_dtype()) metrics::ConvertedTransfers()->Add();
     pending.Add(handle.ToHost(tensor.mutable_view()));
@@ -334,11 +340,7 @@ StatusOr<std::vector<HostTensor>> TransferFromDevice(absl::Span<const DataPtr> d
   Status first_error;
   for (size_t i = 0; i < statuses.size(); ++i) {
     const Status& status = statuses[i];
-    if (!status.ok() && first_error.ok()) {
-      first_error =
-          Status(status.code(), fmt::format("reading tensor '{}' from {}: {}", data[i]->name(),
-                                            data[i]->device_name(), std::string(status.message())));
-    }
+    if (!status.ok() && first_error.ok()) first_error = ReadingError(*data[i], status);
     if (status.ok())
       metrics::InboundData()->AddSample(static_cast<double>(tensors[i].size_bytes()));
   }
@@ -360,9 +362,7 @@ Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
     }
     const Data& handle = *data[i];
     if (Status valid = CheckToHostArgs(handle.dims(), handle.device_dtype(), dst[i]); !valid.ok()) {
-      return Future<>::Ready(
-          Status(valid.code(), fmt::format("reading tensor '{}' from {}: {}", handle.name(),
-                                           handle.device_name(), std::string(valid.message()))));
+      return Future<>::Ready(ReadingError(handle, valid));
     }
   }
   std::vector<Future<>> reads;
@@ -379,9 +379,7 @@ Future<> TransferFromDeviceInto(absl::Span<const DataPtr> data,
           if (status.ok()) {
             metrics::InboundData()->AddSample(static_cast<double>(bytes));
           } else {
-            result = Status(status.code(),
-                            fmt::format("reading tensor '{}' from {}: {}", held->name(),
-                                        held->device_name(), std::string(status.message())));
+            result = ReadingError(*held, status);
           }
           held.reset();
           named.Set(std::move(result));
