@@ -95,14 +95,14 @@ std::string Initialize() {
   distributed::ProcessGroup* joined = ValueOrThrow(std::move(group));
   // Tables gathered before, while this process was a group of its own, list its devices alone:
   // gathered again job-wide from here (kept alive: Python may still hold their devices).
-  GlobalTables& tables = Tables();
-  MutexLock lock(tables.mutex);
-  static auto* retired =
-      new std::vector<std::shared_ptr<const distributed::GlobalDevices>>();  // never freed
-  for (auto& [backend, table] : tables.tables) {
-    if (table->devices().size() != 0 && joined->size() > 1) retired->push_back(std::move(table));
+  if (joined->size() > 1) {
+    GlobalTables& tables = Tables();
+    MutexLock lock(tables.mutex);
+    static auto* retired =
+        new std::vector<std::shared_ptr<const distributed::GlobalDevices>>();  // never freed
+    for (auto& [backend, table] : tables.tables) retired->push_back(std::move(table));
+    tables.tables.clear();
   }
-  if (joined->size() > 1) tables.tables.clear();
   return std::string(joined->engine());
 }
 

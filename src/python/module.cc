@@ -1096,19 +1096,12 @@ void DefineDeviceClass(nb::module_& m) {
       .def("__repr__",
            [](const Device& d) { return fmt::format("Device({})", distributed::NameInJob(d)); })
       // Any other object: NotImplemented, so that `device == None`, `device in [None, ...]`
-      // answer instead of raising nanobind's TypeError.
+      // answer instead of raising nanobind's TypeError (Python's own __ne__ inverts this).
       .def(
           "__eq__",
           [](const Device& a, nb::handle b) -> nb::object {
             if (!nb::isinstance<Device>(b)) return nb::borrow(Py_NotImplemented);
             return nb::bool_(&a == &nb::cast<const Device&>(b));
-          },
-          nb::arg("other").none())
-      .def(
-          "__ne__",
-          [](const Device& a, nb::handle b) -> nb::object {
-            if (!nb::isinstance<Device>(b)) return nb::borrow(Py_NotImplemented);
-            return nb::bool_(&a != &nb::cast<const Device&>(b));
           },
           nb::arg("other").none())
       .def("__hash__", [](const Device& d) { return std::hash<const void*>()(&d); });
