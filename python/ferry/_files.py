@@ -113,10 +113,12 @@ def _string_list(value: str | Iterable[str] | None, argument: str) -> list[str]:
     return values
 
 
-def _selector_bytes(values: list[str]) -> list[bytes]:
-    """Names or patterns as the binding takes them: UTF-8, with surrogateescape (as os.fsencode), so
-    that a name load_file gave back for a .npy file named by bytes that are not UTF-8 selects it."""
-    return [value.encode("utf-8", "surrogateescape") for value in values]
+def _selectors(names: Any, pattern: Any, exclude: Any) -> tuple[list[bytes], ...]:
+    """names=, pattern= and exclude= as the binding takes them (_string_list each, as bytes: UTF-8
+    with surrogateescape, as os.fsencode, so that a name load_file gave back for a .npy file named
+    by bytes that are not UTF-8 selects it)."""
+    return tuple([value.encode("utf-8", "surrogateescape") for value in _string_list(given, name)]
+                 for given, name in ((names, "names"), (pattern, "pattern"), (exclude, "exclude")))
 
 
 def open_file(path: str | bytes | os.PathLike, *, names: str | Iterable[str] | None = None,
@@ -134,9 +136,7 @@ def open_file(path: str | bytes | os.PathLike, *, names: str | Iterable[str] | N
     """
     path = os.fsdecode(path)  # a str, undecodable bytes kept as surrogates (os.listdir's names)
     format_name, metadata, raw = _ferry._load_file(
-        os.fsencode(path), _selector_bytes(_string_list(names, "names")),
-        _selector_bytes(_string_list(pattern, "pattern")),
-        _selector_bytes(_string_list(exclude, "exclude")))
+        os.fsencode(path), *_selectors(names, pattern, exclude))
     entries = []
     for name, data, dtype_name, zero_copy, byte_swapped in raw:
         logical = _NUMPY_DTYPES[dtype_name]
@@ -212,9 +212,7 @@ def load_file(
     target = _resolve_device(device) or _ferry.device("host:0")
     requested = None if device_dtype is None else _dtype_name(device_dtype)
     return dict(_ferry._load_file_onto(
-        os.fsencode(path), _selector_bytes(_string_list(names, "names")),
-        _selector_bytes(_string_list(pattern, "pattern")),
-        _selector_bytes(_string_list(exclude, "exclude")), target, requested,
+        os.fsencode(path), *_selectors(names, pattern, exclude), target, requested,
         bool(device_dtype_all)))
 
 
