@@ -80,9 +80,12 @@ int WithOutputWritten(std::string_view command, int exit_code) {
   const bool flush_failed = std::fflush(stdout) != 0;
   const int flush_error = errno;
   if (!flush_failed && std::ferror(stdout) == 0) return exit_code;
-  fmt::print(stderr, "ferry {}: error: its output could not be written to stdout{}\n", command,
-             flush_failed ? fmt::format(" ({})", std::strerror(flush_error)) : "");
-  return exit_code == ferry::cli::kExitOk ? ferry::cli::kExitBadInput : exit_code;
+  // Said as every command's errors are (wrapped on a terminal).
+  const int reported = ferry::cli::ReportError(
+      command, ferry::UnavailableError(fmt::format(
+                   "its output could not be written to stdout{}",
+                   flush_failed ? fmt::format(" ({})", std::strerror(flush_error)) : "")));
+  return exit_code == ferry::cli::kExitOk ? reported : exit_code;
 }
 
 int main(int argc, char** argv) {
